@@ -1,0 +1,178 @@
+"""Typed errors with stable codes.
+
+Every error the SDK raises on purpose derives from :class:`CheckpointError` and carries a
+``code`` that never changes between releases, so callers (and the CLI's ``--json`` output)
+can branch on it without parsing messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AdmissionClosedError",
+    "CheckpointConflictError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointRejectedError",
+    "ConditionalWriteUnsupportedError",
+    "DeadlineExceededError",
+    "IdentityConflictError",
+    "IntegrityError",
+    "InvalidIdentifierError",
+    "InvalidPhaseError",
+    "InvalidRecordError",
+    "ManifestConflictError",
+    "ObjectExistsError",
+    "ObjectNotFoundError",
+    "StaleAttemptError",
+    "StaleCheckpointError",
+    "StoreError",
+    "TransientStoreError",
+    "UnsupportedSchemaError",
+    "VersionChangedError",
+]
+
+
+class CheckpointError(Exception):
+    """Base class of every error raised by rollout-checkpoint on purpose."""
+
+    code: ClassVar[str] = "checkpoint_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly ``{"code", "message", "details"}`` form (CLI and HTTP use it)."""
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+# --- input validation -------------------------------------------------------------------
+
+
+class InvalidIdentifierError(CheckpointError, ValueError):
+    """An id or object key that would be unsafe as part of an object key."""
+
+    code = "invalid_id"
+
+
+class UnsupportedSchemaError(CheckpointError):
+    """A stored record or manifest uses a schema version newer than this reader knows."""
+
+    code = "unsupported_schema"
+
+
+class InvalidRecordError(CheckpointError, ValueError):
+    """A record or manifest that does not match its schema."""
+
+    code = "invalid_record"
+
+
+# --- storage ------------------------------------------------------------------------------
+
+
+class StoreError(CheckpointError):
+    """A storage operation failed permanently."""
+
+    code = "store_error"
+
+
+class TransientStoreError(StoreError):
+    """A storage operation failed in a way that is worth retrying (timeouts, 5xx, 409)."""
+
+    code = "store_transient"
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """The object does not exist."""
+
+    code = "not_found"
+
+
+class ObjectExistsError(StoreError, FileExistsError):
+    """A create-only put found a different object already at the key."""
+
+    code = "already_exists"
+
+
+class VersionChangedError(StoreError):
+    """A compare-and-swap put found a version other than the expected one."""
+
+    code = "version_changed"
+
+
+class ConditionalWriteUnsupportedError(StoreError):
+    """The backend cannot prove atomic create-only / compare-and-swap puts; publication refused."""
+
+    code = "conditional_writes_unsupported"
+
+
+class IntegrityError(CheckpointError):
+    """Stored bytes are missing, truncated or altered (digest or length mismatch)."""
+
+    code = "integrity_error"
+
+
+class ManifestConflictError(CheckpointError):
+    """A different manifest was already committed at the same place."""
+
+    code = "manifest_conflict"
+
+
+# --- protocol -------------------------------------------------------------------------------
+
+
+class StaleAttemptError(CheckpointError):
+    """A request, write or retire came from an attempt that a restore has tombstoned."""
+
+    code = "stale_attempt"
+
+
+class IdentityConflictError(CheckpointError):
+    """Two live attempts of one rollout at a participant, or a rollout re-dispatched twice."""
+
+    code = "identity_conflict"
+
+
+class StaleCheckpointError(CheckpointError):
+    """The checkpoint id was already resumed; it can never become active again."""
+
+    code = "stale_checkpoint"
+
+
+class CheckpointConflictError(CheckpointError):
+    """A different checkpoint id is active at the participant."""
+
+    code = "checkpoint_conflict"
+
+
+class InvalidPhaseError(CheckpointError):
+    """The operation is not allowed in the participant's current phase."""
+
+    code = "invalid_phase"
+
+
+class DeadlineExceededError(CheckpointError):
+    """The operation's absolute deadline passed before it could finish."""
+
+    code = "deadline_exceeded"
+
+
+class AdmissionClosedError(CheckpointError):
+    """New work is refused while a checkpoint holds admission closed."""
+
+    code = "admission_closed"
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No published checkpoint with that id (or none at all) exists under the URL."""
+
+    code = "checkpoint_not_found"
+
+
+class CheckpointRejectedError(CheckpointError):
+    """The whole checkpoint must not be used: required state is missing, corrupt or unsafe."""
+
+    code = "checkpoint_rejected"

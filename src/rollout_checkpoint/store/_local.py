@@ -1,0 +1,185 @@
+"""Local-disk store: atomic create via ``link``, compare-and-swap under ``flock``."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import ObjectNotFoundError, StoreError, VersionChangedError
+from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
+
+__all__ = ["LocalStore"]
+
+_TEMP_MARK = ".rc-tmp-"
+_LOCK_MARK = ".rc-lock-"
+
+
+def _version(st: os.stat_result) -> str:
+    # Every write goes through a fresh inode (temp file + rename/link), so inode + mtime + size
+    # changes on every replacement; equal tokens mean the very same file.
+    return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(ObjectStore):
+    """Objects are files under ``root``.
+
+    Every write goes to a temporary name first (``.rc-tmp-*``, fsynced), then ``link`` (create-only:
+    the kernel refuses an existing name) or ``rename`` (replace) moves it into place, so readers
+    never see a partial object. Compare-and-swap holds an ``flock`` on a sidecar lock file
+    (``.rc-lock-*``), which excludes other threads and processes on this host; it is not a
+    distributed lock, so don't share one directory over NFS between hosts for publication.
+    """
+
+    capabilities = StoreCapabilities(atomic_put_if_absent=True, atomic_put_if_match=True)
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = self.root.as_uri()
+        self.fsync = fsync
+
+    # -- paths ----------------------------------------------------------------------------
+    def _path(self, key: str) -> Path:
+        return self.root / self._check_key(key)
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f"{_TEMP_MARK}{path.name}.{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        return tmp
+
+    # -- plain ------------------------------------------------------------------------------
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        os.replace(tmp, path)
+        if self.fsync:
+            _fsync_dir(path.parent)
+        return self.stat(key)
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if start < 0 or end < start:
+            raise StoreError(f"invalid byte range [{start}, {end})", key=key)
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(start)
+                return fh.read(end - start)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
+
+    def open_read(self, key: str) -> BinaryIO:
+        try:
+            return open(self._path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
+
+    def stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
+        if not path.is_file():
+            raise ObjectNotFoundError(f"{self.url}/{key} is not an object", key=key)
+        return ObjectInfo(key=key, size=st.st_size, version=_version(st))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self._check_prefix(prefix)
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        out: list[ObjectInfo] = []
+        for path in self._walk(base):
+            key = path.relative_to(self.root).as_posix()
+            if not key.startswith(prefix):
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # deleted while listing
+            out.append(ObjectInfo(key=key, size=st.st_size, version=_version(st)))
+        out.sort(key=lambda info: info.key)
+        return out
+
+    @staticmethod
+    def _walk(base: Path) -> Iterator[Path]:
+        if not base.is_dir():
+            return
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(_TEMP_MARK) or name.startswith(_LOCK_MARK):
+                    continue
+                yield Path(dirpath) / name
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        lock = path.parent / f"{_LOCK_MARK}{path.name}"
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+
+    # -- conditional ---------------------------------------------------------------------------
+    def put_if_absent(self, key: str, data: bytes) -> PutResult:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return self._resolve_existing(key, data)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        if self.fsync:
+            _fsync_dir(path.parent)
+        return PutResult(info=self.stat(key), created=True)
+
+    def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = path.parent / f"{_LOCK_MARK}{path.name}"
+        with open(lock_path, "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                current = self.stat(key)  # ObjectNotFoundError when missing
+                if current.version != version:
+                    raise VersionChangedError(
+                        f"{self.url}/{key} changed: expected version {version}, found {current.version}",
+                        key=key,
+                        expected=version,
+                        found=current.version,
+                    )
+                tmp = self._write_temp(path, data)
+                os.replace(tmp, path)
+                if self.fsync:
+                    _fsync_dir(path.parent)
+                return self.stat(key)
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)

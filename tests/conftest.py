@@ -1,0 +1,107 @@
+"""Shared fixtures: a real moto S3 server over HTTP on 127.0.0.1, fresh buckets, stores."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
+
+S3_ENV = "ROLLOUT_CHECKPOINT_TEST_S3_ENDPOINT"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"moto_server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("moto_server did not start listening in time")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """URL of a moto S3 server on 127.0.0.1: the one .ci/run started, or one started here."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    given = os.environ.get(S3_ENV)
+    if given:
+        yield given
+        return
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture()
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh, empty bucket on the moto server; returns its name."""
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:20]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture()
+def s3_url(s3_bucket: str) -> str:
+    return f"s3://{s3_bucket}/ckpt"
+
+
+@pytest.fixture()
+def s3_store(s3_url: str, s3_endpoint: str) -> ObjectStore:
+    from rollout_checkpoint.store import open_store
+
+    return open_store(s3_url, endpoint_url=s3_endpoint)
+
+
+@pytest.fixture()
+def local_store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+@pytest.fixture()
+def memory_store() -> MemoryStore:
+    return MemoryStore(f"t-{uuid.uuid4().hex}")
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def any_store(request: pytest.FixtureRequest) -> ObjectStore:
+    """The same test on local disk, memory and S3 (moto server)."""
+    name = request.param
+    if name == "local":
+        return request.getfixturevalue("local_store")  # type: ignore[no-any-return]
+    if name == "memory":
+        return request.getfixturevalue("memory_store")  # type: ignore[no-any-return]
+    return request.getfixturevalue("s3_store")  # type: ignore[no-any-return]
