@@ -11,6 +11,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from .ids import ExecutionId, Identifier
+from .store import ObjectStore
 
 __all__ = [
     "CONTROL_SCHEMA_VERSION",
@@ -142,7 +143,7 @@ class ParticipantControl(Protocol):
     def commit(
         self,
         checkpoint_id: str,
-        store_url: str,
+        store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
     ) -> CommitReply: ...
@@ -151,7 +152,7 @@ class ParticipantControl(Protocol):
         self,
         checkpoint_id: str,
         source_checkpoint_id: str,
-        store_url: str,
+        store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
     ) -> RestoreReply: ...
