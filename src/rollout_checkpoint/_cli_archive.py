@@ -1,9 +1,295 @@
-"""CLI commands for the archive layer."""
+"""CLI commands for the archive layer: ``inspect`` and ``verify``.
+
+``verify`` runs every function in :data:`VERIFIERS` over one listing of the store; later layers
+(aggregate manifests, published records, the latest pointer) add theirs with
+:func:`register_verifier` instead of editing this module.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from .archive import ArchiveReader, component_prefixes
+from .errors import CheckpointError, StoreError
+from .layout import MANIFEST_NAME
+from .store import ObjectInfo, ObjectStore, open_store
+
+__all__ = [
+    "VERIFIERS",
+    "Finding",
+    "Verifier",
+    "inspect_store",
+    "open_cli_store",
+    "register",
+    "register_verifier",
+    "verify_component_archives",
+    "verify_store",
+]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One verification result: ``subject`` is the object key (or archive prefix) it is about."""
+
+    subject: str
+    ok: bool
+    message: str
+    code: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Verifier = Callable[[ObjectStore, Sequence[ObjectInfo]], Iterable[Finding]]
+"""Checks one store, given one fresh listing of it; yields a finding per thing it checked."""
+
+
+def open_cli_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
+    """Open ``url`` for a CLI command: ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) applies to S3 only."""
+    protocol, sep, rest = url.partition("://")
+    if not sep or protocol.lower() in ("file", "local"):
+        # a read-only command must not create the directory a mistyped path names
+        path = os.path.expanduser(rest if sep else url)
+        if not os.path.isdir(path):
+            raise StoreError(f"{url}: no such directory", url=url)
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    if url.lower().startswith(("s3://", "s3a://")) and endpoint:
+        return open_store(url, endpoint_url=endpoint)
+    return open_store(url)
+
+
+def _component_keys(reader: ArchiveReader) -> set[str]:
+    keys = {reader.key_of(MANIFEST_NAME), reader.key_of(reader.manifest.index.key)}
+    keys.update(reader.key_of(s.key) for s in reader.manifest.shards)
+    return keys
+
+
+def _under(prefix: str, key: str) -> bool:
+    return not prefix or key.startswith(prefix + "/")
+
+
+def verify_component_archives(store: ObjectStore, listing: Sequence[ObjectInfo]) -> Iterator[Finding]:
+    """Every component archive: its manifest parses, every shard and the index match their
+    recorded length and SHA-256 (streamed), and the index agrees with the manifest."""
+    for prefix in component_prefixes(info.key for info in listing):
+        subject = f"{prefix}/{MANIFEST_NAME}" if prefix else MANIFEST_NAME
+        try:
+            reader = ArchiveReader.open(store, prefix)
+        except CheckpointError as exc:
+            yield Finding(subject, False, exc.message, exc.code, exc.details)
+            continue
+        problems = reader.check()
+        for problem in problems:
+            key = str(problem.details.get("key", subject))
+            yield Finding(key, False, problem.message, problem.code, problem.details)
+        if not problems:
+            m = reader.manifest
+            yield Finding(
+                subject,
+                True,
+                f"{m.participant_kind}/{m.instance} of {m.checkpoint_id}: {len(m.shards)} shards, "
+                f"{m.total_records} records, {m.total_bytes} bytes intact",
+            )
+
+
+VERIFIERS: list[Verifier] = [verify_component_archives]
+
+
+def register_verifier(verifier: Verifier) -> Verifier:
+    """Add a check to ``rollout-checkpoint verify`` (usable as a decorator)."""
+    if verifier not in VERIFIERS:
+        VERIFIERS.append(verifier)
+    return verifier
+
+
+def verify_store(store: ObjectStore) -> list[Finding]:
+    """Run every registered verifier over one listing of ``store``."""
+    listing = store.list("")
+    findings: list[Finding] = []
+    for verifier in VERIFIERS:
+        findings.extend(verifier(store, listing))
+    return findings
+
+
+def inspect_store(store: ObjectStore) -> dict[str, Any]:
+    """What is stored: each component archive (from its manifest) and every other object."""
+    listing = store.list("")
+    sizes = {info.key: info.size for info in listing}
+    claimed: set[str] = set()
+    components: list[dict[str, Any]] = []
+    for prefix in component_prefixes(info.key for info in listing):
+        entry: dict[str, Any] = {"prefix": prefix, "manifest_key": f"{prefix}/{MANIFEST_NAME}".lstrip("/")}
+        try:
+            reader = ArchiveReader.open(store, prefix)
+        except CheckpointError as exc:
+            entry["error"] = exc.to_dict()
+            claimed.add(entry["manifest_key"])
+            components.append(entry)
+            continue
+        m = reader.manifest
+        referenced = _component_keys(reader)
+        claimed.update(referenced)
+        unreferenced = [k for k in sizes if _under(prefix, k) and k not in referenced and k != MANIFEST_NAME]
+        entry.update(
+            checkpoint_id=m.checkpoint_id,
+            participant_kind=m.participant_kind,
+            instance=m.instance,
+            writer_id=m.writer_id,
+            created_at=m.created_at,
+            manifest_bytes=reader.manifest_ref.bytes,
+            manifest_sha256=reader.manifest_ref.sha256,
+            shards=[
+                {
+                    "key": reader.key_of(s.key),
+                    "bytes": s.bytes,
+                    "records": s.records,
+                    "row_groups": s.row_groups,
+                }
+                for s in m.shards
+            ],
+            shard_bytes=sum(s.bytes for s in m.shards),
+            index={"key": reader.key_of(m.index.key), "bytes": m.index.bytes, "rows": m.index.rows},
+            records=m.total_records,
+            record_counts=m.record_counts,
+            missing=sorted(k for k in referenced if k not in sizes),
+            unreferenced=sorted(unreferenced),
+            extra_keys=sorted(m.extra),
+            error=None,
+        )
+        claimed.update(unreferenced)
+        components.append(entry)
+    others = [{"key": k, "size": v} for k, v in sizes.items() if k not in claimed]
+    return {
+        "url": store.url,
+        "objects": len(listing),
+        "bytes": sum(sizes.values()),
+        "components": components,
+        "other_objects": others,
+    }
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def _fmt_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _render_inspect(report: dict[str, Any], console: Console) -> None:
+    console.print(f"[bold]{report['url']}[/]: {report['objects']} objects, {_fmt_bytes(report['bytes'])}")
+    if report["components"]:
+        table = Table(title="Component archives", title_justify="left")
+        for col in ("prefix", "checkpoint", "kind/instance", "shards", "records", "size", "record counts"):
+            table.add_column(col, overflow="fold")
+        for c in report["components"]:
+            if c.get("error"):
+                table.add_row(c["prefix"], "-", "-", "-", "-", "-", f"[red]{c['error']['message']}[/]")
+                continue
+            counts = ", ".join(f"{k}={v}" for k, v in c["record_counts"].items()) or "-"
+            notes = []
+            if c["missing"]:
+                notes.append(f"[red]{len(c['missing'])} missing[/]")
+            if c["unreferenced"]:
+                notes.append(f"[yellow]{len(c['unreferenced'])} unreferenced[/]")
+            table.add_row(
+                c["prefix"] or "(root)",
+                c["checkpoint_id"],
+                f"{c['participant_kind']}/{c['instance']}",
+                str(len(c["shards"])),
+                str(c["records"]),
+                _fmt_bytes(c["shard_bytes"] + c["index"]["bytes"] + c["manifest_bytes"]),
+                counts + (" " + " ".join(notes) if notes else ""),
+            )
+        console.print(table)
+    if report["other_objects"]:
+        table = Table(title="Other objects", title_justify="left")
+        table.add_column("key", overflow="fold")
+        table.add_column("size", justify="right")
+        for o in report["other_objects"]:
+            table.add_row(o["key"], _fmt_bytes(o["size"]))
+        console.print(table)
+    if not report["components"] and not report["other_objects"]:
+        console.print("nothing stored here")
+
+
+def _console(stderr: bool = False) -> Console:
+    # Rich assumes 80 columns when output is not a terminal; keys are long, don't fold them there.
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
+
+
+def _fail(exc: CheckpointError, as_json: bool) -> typer.Exit:
+    if as_json:
+        print(json.dumps({"ok": False, "error": exc.to_dict()}))
+    else:
+        _console(stderr=True).print(f"[red]error[/] ({exc.code}): {exc.message}")
+    return typer.Exit(1)
+
+
+UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS_ENDPOINT_URL)."
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+
+def inspect_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:
+    """Show what is stored under URL: component archives (shards, sizes, counts) and other objects."""
+    try:
+        report = inspect_store(open_cli_store(url, endpoint_url))
+    except CheckpointError as exc:
+        raise _fail(exc, as_json) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _render_inspect(report, _console())
+
+
+def verify_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:
+    """Verify every manifest and digest under URL; exit 1 naming any missing, truncated or altered object."""
+    try:
+        findings = verify_store(open_cli_store(url, endpoint_url))
+    except CheckpointError as exc:
+        raise _fail(exc, as_json) from None
+    bad = [f for f in findings if not f.ok]
+    ok = bool(findings) and not bad
+    if as_json:
+        print(json.dumps({"ok": ok, "checked": len(findings), "findings": [asdict(f) for f in findings]}))
+    else:
+        console = _console()
+        err = _console(stderr=True)
+        for f in findings:
+            if f.ok:
+                console.print(f"[green]ok[/]     {f.subject}: {f.message}")
+            else:
+                text = f.message if f.message.startswith(f.subject) else f"{f.subject}: {f.message}"
+                err.print(f"[red]FAILED[/] {text}")
+        if not findings:
+            err.print(f"[red]FAILED[/] nothing to verify under {url}: no manifest found")
+        elif bad:
+            err.print(f"[red]{len(bad)} problem(s)[/]")
+        else:
+            console.print(f"all {len(findings)} checked intact")
+    if not ok:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``."""
+    app.command("inspect")(inspect_command)
+    app.command("verify")(verify_command)

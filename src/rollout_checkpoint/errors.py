@@ -29,6 +29,7 @@ __all__ = [
     "StaleCheckpointError",
     "StoreError",
     "TransientStoreError",
+    "UnknownExecutionError",
     "UnsupportedSchemaError",
     "VersionChangedError",
 ]
@@ -134,6 +135,12 @@ class IdentityConflictError(CheckpointError):
     """Two live attempts of one rollout at a participant, or a rollout re-dispatched twice."""
 
     code = "identity_conflict"
+
+
+class UnknownExecutionError(CheckpointError, LookupError):
+    """A call names an execution (or session, or model call) the participant does not track."""
+
+    code = "unknown_execution"
 
 
 class StaleCheckpointError(CheckpointError):

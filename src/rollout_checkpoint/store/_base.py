@@ -15,7 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import ConditionalWriteUnsupportedError, ObjectExistsError, ObjectNotFoundError
+from ..errors import (
+    ConditionalWriteUnsupportedError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    VersionChangedError,
+)
 from ..ids import validate_key
 
 __all__ = ["ObjectInfo", "ObjectStore", "PutResult", "StoreCapabilities"]
@@ -108,6 +113,10 @@ class ObjectStore(abc.ABC):
 
         Raises ``VersionChangedError`` when the version differs and ``ObjectNotFoundError``
         when the key is missing. Conditional objects are always written with one request.
+        Like ``put_if_absent``, a refused swap whose object already holds exactly ``data`` is an
+        idempotent success: HTTP clients resend a request whose answer was lost (below any retry
+        layer of ours), and the resend is refused because the first one landed. Put a unique
+        commit token in ``data`` where two writers must not both succeed.
         """
 
     # -- helpers shared by all backends ------------------------------------------------------
@@ -146,8 +155,9 @@ class ObjectStore(abc.ABC):
 
     @staticmethod
     def _check_prefix(prefix: str) -> str:
+        # One trailing "/" is a folder prefix; "a//" or "/a" would never match a valid key.
         if prefix:
-            validate_key(prefix.rstrip("/"))
+            validate_key(prefix[:-1] if prefix.endswith("/") else prefix)
         return prefix
 
     def _resolve_existing(self, key: str, data: bytes) -> PutResult:
@@ -162,6 +172,20 @@ class ObjectStore(abc.ABC):
         if current == data:
             return PutResult(info=self.stat(key), created=False)
         raise ObjectExistsError(f"{self.url}/{key} already exists with different content", key=key)
+
+    def _resolve_changed(self, key: str, data: bytes, expected: str, found: str | None) -> ObjectInfo:
+        """After a compare-and-swap lost: the object already holding ``data`` = success, else conflict."""
+        try:
+            if self.get(key) == data:
+                return self.stat(key)
+        except ObjectNotFoundError:
+            found = None
+        raise VersionChangedError(
+            f"{self.url}/{key} changed: expected version {expected}, found {found or 'no object'}",
+            key=key,
+            expected=expected,
+            found=found,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

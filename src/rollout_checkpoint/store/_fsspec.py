@@ -10,7 +10,7 @@ from typing import Any, BinaryIO, cast
 
 import fsspec
 
-from ..errors import ObjectNotFoundError, StoreError, VersionChangedError
+from ..errors import ObjectNotFoundError, StoreError
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 
 __all__ = ["FsspecStore", "MemoryStore"]
@@ -55,35 +55,41 @@ class FsspecStore(ObjectStore):
     # -- plain ------------------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
-        self.fs.pipe_file(path, data)
+        try:
+            self.fs.pipe_file(path, data)
+        except FileNotFoundError:
+            # Filesystems with real directories (fsspec "file" without auto_mkdir) need the parent.
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(path, data)
         return self.stat(key)
 
     def get(self, key: str) -> bytes:
         try:
             return cast(bytes, self.fs.cat_file(self._path(key)))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:
             raise StoreError(f"invalid byte range [{start}, {end})", key=key)
         if end == start:
+            self.stat(key)  # a missing object is still an error, as on every other backend
             return b""
         try:
             return cast(bytes, self.fs.cat_file(self._path(key), start=start, end=end))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
 
     def open_read(self, key: str) -> BinaryIO:
         try:
             return cast(BinaryIO, self.fs.open(self._path(key), "rb"))
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
 
     def stat(self, key: str) -> ObjectInfo:
         try:
             info = self.fs.info(self._path(key))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise self._missing(key) from None
         if info.get("type") == "directory":
             raise self._missing(key)
@@ -124,12 +130,7 @@ class FsspecStore(ObjectStore):
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         current = self.stat(key)
         if current.version != version:
-            raise VersionChangedError(
-                f"{self.url}/{key} changed: expected version {version}, found {current.version}",
-                key=key,
-                expected=version,
-                found=current.version,
-            )
+            return self._resolve_changed(key, data, version, current.version)
         return self.put(key, data)
 
 
@@ -166,7 +167,12 @@ class MemoryStore(FsspecStore):
         for path, info in found.items():
             key = self._key_of(path)
             if key.startswith(prefix) and info.get("type") != "directory":
-                out.append(ObjectInfo(key=key, size=int(info["size"]), version=None))
+                try:
+                    data = cast(bytes, self.fs.cat_file(path))
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                # Same token as stat() so a listed version can feed put_if_match; cheap in memory.
+                out.append(ObjectInfo(key=key, size=len(data), version=hashlib.sha256(data).hexdigest()))
         out.sort(key=lambda i: i.key)
         return out
 

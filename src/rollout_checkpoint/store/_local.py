@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import ObjectNotFoundError, StoreError, VersionChangedError
+from ..errors import ObjectNotFoundError, StoreError
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 
 __all__ = ["LocalStore"]
@@ -20,9 +22,27 @@ _LOCK_MARK = ".rc-lock-"
 
 
 def _version(st: os.stat_result) -> str:
-    # Every write goes through a fresh inode (temp file + rename/link), so inode + mtime + size
-    # changes on every replacement; equal tokens mean the very same file.
+    # Every write goes through a fresh inode (temp file + rename/link) stamped with a unique
+    # mtime (see _unique_mtime_ns), so inode + mtime + size changes on every replacement.
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+_MTIME_LOCK = threading.Lock()
+_last_mtime_ns = 0
+
+
+def _unique_mtime_ns() -> int:
+    """A strictly increasing nanosecond timestamp for this process.
+
+    The kernel stamps files from a coarse clock (a jiffy, 1-10 ms, on many kernels) and ext4
+    hands a freed inode straight to the next file, so two same-size writes within one tick
+    would get the same inode + mtime + size, and a compare-and-swap holding the older token
+    would wrongly succeed (ABA). Stamping the mtime ourselves makes each token unique.
+    """
+    global _last_mtime_ns
+    with _MTIME_LOCK:
+        _last_mtime_ns = max(time.time_ns(), _last_mtime_ns + 1)
+        return _last_mtime_ns
 
 
 def _fsync_dir(path: Path) -> None:
@@ -61,6 +81,9 @@ class LocalStore(ObjectStore):
         try:
             with open(tmp, "xb") as fh:
                 fh.write(data)
+                fh.flush()
+                stamp = _unique_mtime_ns()
+                os.utime(fh.fileno(), ns=(stamp, stamp))
                 if self.fsync:
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -170,12 +193,7 @@ class LocalStore(ObjectStore):
             try:
                 current = self.stat(key)  # ObjectNotFoundError when missing
                 if current.version != version:
-                    raise VersionChangedError(
-                        f"{self.url}/{key} changed: expected version {version}, found {current.version}",
-                        key=key,
-                        expected=version,
-                        found=current.version,
-                    )
+                    return self._resolve_changed(key, data, version, current.version)
                 tmp = self._write_temp(path, data)
                 os.replace(tmp, path)
                 if self.fsync:

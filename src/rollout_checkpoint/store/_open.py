@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import fsspec
+from fsspec.implementations.dirfs import DirFileSystem
 
 from ..errors import StoreError
 from ._base import ObjectStore
@@ -40,4 +41,8 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
     except (ImportError, ValueError) as exc:
         raise StoreError(f"cannot open store {url!r}: {exc}", url=url) from exc
+    if isinstance(fs, DirFileSystem):
+        # url_to_fs hands back the directory itself as the path, but a DirFileSystem already
+        # resolves every path against it: using it as root again would nest it inside itself.
+        root = ""
     return FsspecStore(fs, root, url)

@@ -1,0 +1,173 @@
+"""The component manifest: the JSON object whose create-only put commits an archive.
+
+Everything a reader trusts is reached from it: shard and index keys with their byte lengths
+and SHA-256 digests (our own digests; ETags are opaque and multipart ETags are not MD5s).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ..errors import InvalidIdentifierError, InvalidRecordError, UnsupportedSchemaError
+from ..ids import Identifier, validate_key
+
+__all__ = [
+    "COMPONENT_MANIFEST_SCHEMA_VERSION",
+    "ComponentManifest",
+    "IndexEntry",
+    "ManifestRef",
+    "ShardEntry",
+    "manifest_to_bytes",
+    "parse_component_manifest",
+    "utc_now_iso",
+]
+
+COMPONENT_MANIFEST_SCHEMA_VERSION: Final = 1
+
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+def _relative_key(value: str) -> str:
+    try:
+        return validate_key(value)
+    except InvalidIdentifierError as exc:
+        raise ValueError(exc.message) from None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ShardEntry(_Model):
+    """One Parquet shard: ``key`` is relative to the archive prefix."""
+
+    key: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=_SHA256)
+    records: int = Field(ge=0)
+    row_groups: int = Field(ge=0)
+    footer_offset: int | None = Field(default=None, ge=0)
+    footer_bytes: int | None = Field(default=None, ge=0)
+
+    _check_key = field_validator("key")(_relative_key)
+
+
+class IndexEntry(_Model):
+    """The member index (Parquet): ``key`` is relative to the archive prefix."""
+
+    key: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=_SHA256)
+    rows: int = Field(ge=0)
+
+    _check_key = field_validator("key")(_relative_key)
+
+
+class ComponentManifest(_Model):
+    """What one participant instance wrote for one checkpoint; see docs/format.md."""
+
+    schema_version: Literal[1] = COMPONENT_MANIFEST_SCHEMA_VERSION
+    checkpoint_id: Identifier
+    participant_kind: Identifier
+    instance: Identifier
+    writer_id: Identifier
+    created_at: str = Field(min_length=1)
+    shards: list[ShardEntry]
+    index: IndexEntry
+    record_counts: dict[str, int]
+    digest_algorithm: Literal["sha256"] = "sha256"
+    extra: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ComponentManifest:
+        # A manifest that contradicts itself is refused before anyone trusts a count from it.
+        shard_records = sum(s.records for s in self.shards)
+        counted = sum(self.record_counts.values())
+        if any(n < 0 for n in self.record_counts.values()):
+            raise ValueError("record_counts must not be negative")
+        if not (shard_records == counted == self.index.rows):
+            raise ValueError(
+                f"inconsistent counts: shards hold {shard_records} records, record_counts sum to "
+                f"{counted}, the index has {self.index.rows} rows"
+            )
+        keys = [s.key for s in self.shards] + [self.index.key]
+        if len(set(keys)) != len(keys):
+            raise ValueError("shard and index keys must be distinct")
+        return self
+
+    @property
+    def total_records(self) -> int:
+        return self.index.rows
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of shards plus index (the manifest itself not included)."""
+        return sum(s.bytes for s in self.shards) + self.index.bytes
+
+
+class ManifestRef(_Model):
+    """Where a committed manifest is and what its exact bytes hash to (aggregates pin these)."""
+
+    key: str
+    sha256: str = Field(pattern=_SHA256)
+    bytes: int = Field(ge=0)
+
+    _check_key = field_validator("key")(_relative_key)
+
+    @classmethod
+    def of(cls, key: str, data: builtins.bytes) -> ManifestRef:
+        return cls(key=key, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+
+
+def utc_now_iso() -> str:
+    """``2026-11-29T12:00:00.123Z``: ISO 8601, UTC, millisecond precision."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def manifest_to_bytes(manifest: ComponentManifest) -> bytes:
+    """Canonical bytes (sorted keys, compact, UTF-8): equal manifests give equal bytes, so a
+    retried create-only put of the same manifest is recognised as idempotent."""
+    return json.dumps(
+        manifest.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
+
+
+def parse_component_manifest(data: bytes | str) -> ComponentManifest:
+    """Parse manifest bytes: ``UnsupportedSchemaError`` for a newer schema, else
+    ``InvalidRecordError`` for anything that is not a valid component manifest."""
+    try:
+        loaded: Any = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRecordError(f"component manifest is not JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise InvalidRecordError("component manifest must be a JSON object")
+    version = loaded.get("schema_version")
+    if (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and version > COMPONENT_MANIFEST_SCHEMA_VERSION
+    ):
+        raise UnsupportedSchemaError(
+            f"component manifest has schema_version {version}; this reader knows "
+            f"{COMPONENT_MANIFEST_SCHEMA_VERSION} at most (upgrade rollout-checkpoint)",
+            schema_version=version,
+            supported=COMPONENT_MANIFEST_SCHEMA_VERSION,
+        )
+    try:
+        return ComponentManifest.model_validate(loaded)
+    except ValidationError as exc:
+        raise InvalidRecordError(f"invalid component manifest: {exc}") from None

@@ -1,0 +1,373 @@
+"""The archive reader: opens a committed component manifest and reads what it references.
+
+Every byte it hands out is checked against a digest reached from the manifest: whole shards by
+their SHA-256 before any record of them is decoded, the index before it is parsed, and on a
+point lookup the one downloaded row group by the per-row-group digest the (checked) index holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
+from ..records import Record, decode_record
+from ..store import ObjectStore
+from ._errors import MemberNotFoundError
+from ._index import MemberIndex, MemberRef
+from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
+from ._schema import MANIFEST_NAME, SHARD_SCHEMA, join_key
+
+__all__ = ["ArchiveReader", "RawRecord", "check_object", "component_prefixes", "find_component_prefixes"]
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One stored member with its payload bytes undecoded (for bulk readers and other tools)."""
+
+    kind: str
+    rollout_id: str
+    attempt: int
+    key: str
+    schema_version: int
+    revision: int | None
+    refs: str | None
+    payload: bytes
+
+
+def _missing(key: str, what: str) -> IntegrityError:
+    return IntegrityError(f"{key}: {what} is missing", key=key, problem="missing")
+
+
+def check_bytes(key: str, data: bytes, expected_bytes: int, expected_sha256: str, what: str) -> None:
+    """Raise ``IntegrityError`` naming ``key`` when ``data`` has the wrong length or digest."""
+    if len(data) != expected_bytes:
+        problem = "truncated" if len(data) < expected_bytes else "extended"
+        raise IntegrityError(
+            f"{key}: {what} is {problem}: {len(data)} bytes, the manifest records {expected_bytes}",
+            key=key,
+            problem=problem,
+            expected_bytes=expected_bytes,
+            found_bytes=len(data),
+        )
+    found = hashlib.sha256(data).hexdigest()
+    if found != expected_sha256:
+        raise IntegrityError(
+            f"{key}: {what} is altered: sha256 {found}, the manifest records {expected_sha256}",
+            key=key,
+            problem="altered",
+            expected_sha256=expected_sha256,
+            found_sha256=found,
+        )
+
+
+def check_object(store: ObjectStore, key: str, expected_bytes: int, expected_sha256: str, what: str) -> None:
+    """Stream ``key`` in 1 MiB chunks (never the whole object in memory) and check its length and
+    SHA-256; ``IntegrityError`` naming the key says missing, truncated, extended or altered."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with store.open_read(key) as fh:
+            while True:
+                chunk = fh.read(_CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > expected_bytes:
+                    break
+                digest.update(chunk)
+    except (ObjectNotFoundError, FileNotFoundError):
+        raise _missing(key, what) from None
+    if size != expected_bytes:
+        problem = "truncated" if size < expected_bytes else "extended"
+        raise IntegrityError(
+            f"{key}: {what} is {problem}: "
+            f"{size if size < expected_bytes else 'more than ' + str(expected_bytes)} bytes, "
+            f"the manifest records {expected_bytes}",
+            key=key,
+            problem=problem,
+            expected_bytes=expected_bytes,
+        )
+    found = digest.hexdigest()
+    if found != expected_sha256:
+        raise IntegrityError(
+            f"{key}: {what} is altered: sha256 {found}, the manifest records {expected_sha256}",
+            key=key,
+            problem="altered",
+            expected_sha256=expected_sha256,
+            found_sha256=found,
+        )
+
+
+def component_prefixes(keys: Iterable[str]) -> list[str]:
+    """Archive prefixes among object ``keys``: the folders that hold a ``manifest.json``."""
+    out = []
+    for key in keys:
+        if key == MANIFEST_NAME:
+            out.append("")
+        elif key.endswith("/" + MANIFEST_NAME):
+            out.append(key[: -len(MANIFEST_NAME) - 1])
+    return out
+
+
+def find_component_prefixes(store: ObjectStore, prefix: str = "") -> list[str]:
+    """Prefixes under ``prefix`` that hold a ``manifest.json`` (one committed archive each)."""
+    return component_prefixes(info.key for info in store.list(prefix))
+
+
+class _WindowFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only ``[offset, offset + len(data))`` is known.
+
+    pyarrow gets the shard's footer metadata separately (``ParquetFile(metadata=...)``), so when
+    it reads one row group it touches only that row group's byte range: this object serves that
+    range from memory and refuses anything else instead of guessing.
+    """
+
+    def __init__(self, size: int, offset: int, data: bytes) -> None:
+        super().__init__()
+        self._size = size
+        self._offset = offset
+        self._data = data
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._pos = pos
+        elif whence == io.SEEK_CUR:
+            self._pos += pos
+        else:
+            self._pos = self._size + pos
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        start = self._pos
+        end = min(self._size, start + len(view))
+        if end <= start:
+            return 0
+        lo = start - self._offset
+        hi = end - self._offset
+        if lo < 0 or hi > len(self._data):
+            raise OSError(f"read of [{start}, {end}) outside the fetched row group")
+        view[: end - start] = self._data[lo:hi]
+        self._pos = end
+        return end - start
+
+
+class ArchiveReader:
+    """A committed component archive. Open with :meth:`open`; see the module docstring."""
+
+    def __init__(
+        self, store: ObjectStore, prefix: str, manifest: ComponentManifest, manifest_ref: ManifestRef
+    ):
+        self.store = store
+        self.prefix = prefix
+        self.manifest = manifest
+        self.manifest_ref = manifest_ref
+        self._index: MemberIndex | None = None
+
+    @classmethod
+    def open(cls, store: ObjectStore, prefix: str, *, expected_sha256: str | None = None) -> ArchiveReader:
+        """Read and validate ``prefix/manifest.json`` only (no shard, no index).
+
+        ``ObjectNotFoundError`` when there is no manifest (the archive was never committed),
+        ``IntegrityError`` when its bytes differ from ``expected_sha256`` or do not parse,
+        ``UnsupportedSchemaError`` for a newer manifest schema.
+        """
+        prefix = prefix.strip("/")
+        key = join_key(prefix, MANIFEST_NAME)
+        data = store.get(key)
+        ref = ManifestRef.of(key, data)
+        if expected_sha256 is not None and ref.sha256 != expected_sha256:
+            raise IntegrityError(
+                f"{key}: manifest is altered: sha256 {ref.sha256}, expected {expected_sha256}",
+                key=key,
+                problem="altered",
+                expected_sha256=expected_sha256,
+                found_sha256=ref.sha256,
+            )
+        try:
+            manifest = parse_component_manifest(data)
+        except InvalidRecordError as exc:
+            raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+        return cls(store, prefix, manifest, ref)
+
+    def key_of(self, relative: str) -> str:
+        """Store key of an object named relative to this archive (as manifests name them)."""
+        return join_key(self.prefix, relative)
+
+    # -- integrity ----------------------------------------------------------------------------
+    def check(self) -> list[IntegrityError]:
+        """Every problem found (streams each shard and the index once); empty when intact."""
+        problems: list[IntegrityError] = []
+        for i, shard in enumerate(self.manifest.shards):
+            try:
+                check_object(self.store, self.key_of(shard.key), shard.bytes, shard.sha256, f"shard {i}")
+            except IntegrityError as exc:
+                problems.append(exc)
+        try:
+            self._member_index()
+        except IntegrityError as exc:
+            problems.append(exc)
+        return problems
+
+    def verify(self) -> None:
+        """Raise the first ``IntegrityError`` :meth:`check` finds (missing / truncated / altered)."""
+        problems = self.check()
+        if problems:
+            raise problems[0]
+
+    def _member_index(self) -> MemberIndex:
+        """The digest-checked, parsed member index (read once, then cached)."""
+        if self._index is None:
+            entry = self.manifest.index
+            key = self.key_of(entry.key)
+            try:
+                data = self.store.get(key)
+            except ObjectNotFoundError:
+                raise _missing(key, "member index") from None
+            check_bytes(key, data, entry.bytes, entry.sha256, "member index")
+            try:
+                index = MemberIndex.from_bytes(data, len(self.manifest.shards))
+            except InvalidRecordError as exc:
+                raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+            if index.rows != entry.rows or index.counts() != {
+                k: n for k, n in self.manifest.record_counts.items() if n
+            }:
+                raise IntegrityError(
+                    f"{key}: member index does not match the manifest's record counts",
+                    key=key,
+                    problem="inconsistent",
+                )
+            self._index = index
+        return self._index
+
+    # -- members ------------------------------------------------------------------------------
+    def members(self, kind: str | None = None) -> Iterator[MemberRef]:
+        """Members from the index only (no shard is read), in write order."""
+        yield from self._member_index().members(kind)
+
+    def _shard_data(self, i: int, shard: ShardEntry) -> bytes:
+        key = self.key_of(shard.key)
+        try:
+            data = self.store.get(key)
+        except ObjectNotFoundError:
+            raise _missing(key, f"shard {i}") from None
+        check_bytes(key, data, shard.bytes, shard.sha256, f"shard {i}")
+        return data
+
+    def iter_raw(self, kind: str | None = None) -> Iterator[RawRecord]:
+        """Members with undecoded payloads, shard by shard in write order.
+
+        Each shard (at most ``target_shard_bytes``) is downloaded and its digest checked before
+        any of its rows is yielded, so a corrupt shard never yields a record.
+        """
+        wanted = None if kind is None else self._member_index().shards_with(kind)
+        for i, shard in enumerate(self.manifest.shards):
+            if wanted is not None and i not in wanted:
+                continue
+            data = self._shard_data(i, shard)
+            pf = pq.ParquetFile(pa.BufferReader(data))
+            for rg in range(pf.num_row_groups):
+                table = pf.read_row_group(rg)
+                if kind is not None:
+                    table = table.filter(pc.equal(table["kind"], kind))
+                yield from _raw_rows(table, self.key_of(shard.key))
+
+    def iter_records(self, kind: str | None = None) -> Iterator[Record]:
+        """Decoded records (``records.decode_record``), shard by shard; see :meth:`iter_raw`."""
+        for raw in self.iter_raw(kind):
+            yield decode_record(raw.kind, raw.payload)
+
+    def get_raw(self, kind: str, rollout_id: str, attempt: int, key: str) -> RawRecord:
+        """One member: the cached index plus exactly one ranged GET of its row group."""
+        index = self._member_index()
+        pos = index.position(kind, rollout_id, attempt, key)
+        if pos is None:
+            raise MemberNotFoundError(
+                f"no member {kind}/{rollout_id}#{attempt}/{key} in archive {self.prefix!r}",
+                kind=kind,
+                rollout_id=rollout_id,
+                attempt=attempt,
+                key=key,
+            )
+        ref = index.member_at(pos)
+        shard = self.manifest.shards[ref.shard]
+        span = index.spans[ref.shard][ref.row_group]
+        shard_key = self.key_of(shard.key)
+        try:
+            data = self.store.get_range(shard_key, span.offset, span.offset + span.length)
+        except ObjectNotFoundError:
+            raise _missing(shard_key, f"shard {ref.shard}") from None
+        check_bytes(
+            shard_key, data, span.length, span.sha256, f"row group {ref.row_group} of shard {ref.shard}"
+        )
+        pf = pq.ParquetFile(
+            _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(ref.shard)
+        )
+        try:
+            table = pf.read_row_group(ref.row_group).slice(ref.row, 1)
+        except (pa.ArrowException, OSError) as exc:
+            raise IntegrityError(
+                f"{shard_key}: row group {ref.row_group} cannot be decoded: {exc}",
+                key=shard_key,
+                problem="invalid",
+            ) from None
+        rows = list(_raw_rows(table, shard_key))
+        if len(rows) != 1 or (rows[0].kind, rows[0].rollout_id, rows[0].attempt, rows[0].key) != (
+            kind,
+            rollout_id,
+            attempt,
+            key,
+        ):
+            raise IntegrityError(
+                f"{shard_key}: the member index points to another row "
+                f"for {kind}/{rollout_id}#{attempt}/{key}",
+                key=shard_key,
+                problem="inconsistent",
+            )
+        return rows[0]
+
+    def get(self, kind: str, rollout_id: str, attempt: int, key: str) -> Record:
+        """One decoded record; ``MemberNotFoundError`` when the index has no such member."""
+        raw = self.get_raw(kind, rollout_id, attempt, key)
+        return decode_record(raw.kind, raw.payload)
+
+    def __repr__(self) -> str:
+        return f"ArchiveReader({self.store!r}, {self.prefix!r})"
+
+
+def _raw_rows(table: pa.Table, key: str) -> Iterator[RawRecord]:
+    if not table.schema.remove_metadata().equals(SHARD_SCHEMA.remove_metadata()):
+        raise IntegrityError(
+            f"{key}: shard columns do not match the shard schema", key=key, problem="invalid"
+        )
+    for row in table.to_pylist():
+        yield RawRecord(
+            kind=row["kind"],
+            rollout_id=row["rollout_id"],
+            attempt=row["attempt"],
+            key=row["key"],
+            schema_version=row["schema_version"],
+            revision=row["revision"],
+            refs=row["refs"],
+            payload=row["payload"],
+        )

@@ -1,0 +1,481 @@
+"""Token store contracts and a reference implementation on the object store.
+
+Training tokens (token ids, masks, log-probs) never enter a checkpoint manifest: the policy
+model participant stores them through a framework-provided :class:`TokenSink`, commits only
+token-free lineage plus a receipt (key, digest, length) per model call, and the coordinator
+binds a :class:`TokenSource` snapshot to the global checkpoint. The recovery reader compares the
+receipts with the snapshot (:func:`load_snapshot`): any mismatch rejects the checkpoint.
+
+:class:`ObjectStoreTokenStore` is the reference backend::
+
+    <prefix>/shards/<uuid>.parquet          immutable zstd Parquet, one row per model call
+    <prefix>/snapshots/<checkpoint_id>.json snapshot manifest (create-only): key -> digest, length
+
+Trade-off: every :meth:`ObjectStoreTokenStore.put` writes one shard, so a receipt is durable
+the moment it is returned (a model call's staging is the durability boundary a checkpoint waits
+for). That is one object per model call; a server that stages many calls at once should use
+:meth:`ObjectStoreTokenStore.put_many`, which writes one shard for the whole batch. Buffering
+across calls would make receipts lie about durability, so it is not offered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import layout
+from .errors import IntegrityError, InvalidRecordError, ObjectExistsError, ObjectNotFoundError
+from .ids import ExecutionId, Identifier, validate_id, validate_key
+from .records import ModelCallLineageRecord
+from .store import ObjectStore, open_store
+
+__all__ = [
+    "TOKEN_ENTRY_SCHEMA_VERSION",
+    "TOKEN_SNAPSHOT_FORMAT",
+    "InMemoryLineageStore",
+    "LineageStore",
+    "ObjectStoreTokenStore",
+    "TokenEntry",
+    "TokenPutReceipt",
+    "TokenSink",
+    "TokenSnapshotEntry",
+    "TokenSnapshotReceipt",
+    "TokenSource",
+    "load_snapshot",
+    "read_entry",
+    "snapshot_key",
+    "token_key",
+]
+
+TOKEN_ENTRY_SCHEMA_VERSION = 1
+TOKEN_SNAPSHOT_FORMAT = "rollout-checkpoint/token-snapshot/1"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenEntry(_Model):
+    """The training tokens of one model call.
+
+    ``generation_log_probs`` and ``mask`` align with ``generation_token_ids`` (same length);
+    ``mask`` is 1 for tokens trained on, 0 for tokens that are not (e.g. injected text).
+    """
+
+    schema_version: int = Field(default=TOKEN_ENTRY_SCHEMA_VERSION, ge=1, le=TOKEN_ENTRY_SCHEMA_VERSION)
+    rollout_id: Identifier
+    attempt: int = Field(ge=0)
+    call_id: Identifier
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+    mask: list[int]
+
+    @model_validator(mode="after")
+    def _aligned(self) -> TokenEntry:
+        n = len(self.generation_token_ids)
+        if len(self.generation_log_probs) != n or len(self.mask) != n:
+            raise ValueError(
+                f"generation_token_ids ({n}), generation_log_probs ({len(self.generation_log_probs)}) "
+                f"and mask ({len(self.mask)}) must have the same length"
+            )
+        if any(t < 0 for t in self.prompt_token_ids) or any(t < 0 for t in self.generation_token_ids):
+            raise ValueError("token ids must be non-negative")
+        if any(m not in (0, 1) for m in self.mask):
+            raise ValueError("mask values must be 0 or 1")
+        if any(not math.isfinite(p) for p in self.generation_log_probs):
+            raise ValueError("log-probs must be finite")
+        return self
+
+    @property
+    def execution(self) -> ExecutionId:
+        return ExecutionId(rollout_id=self.rollout_id, attempt=self.attempt)
+
+    @property
+    def key(self) -> str:
+        """The token-store key of this call: ``<rollout_id>/a<attempt>/<call_id>``."""
+        return token_key(self.rollout_id, self.attempt, self.call_id)
+
+    def canonical_bytes(self) -> bytes:
+        """The bytes the digest and length of a receipt are computed over."""
+        return self.model_dump_json().encode()
+
+    def receipt(self) -> TokenPutReceipt:
+        data = self.canonical_bytes()
+        return TokenPutReceipt(key=self.key, digest=hashlib.sha256(data).hexdigest(), length=len(data))
+
+
+def token_key(rollout_id: str, attempt: int, call_id: str) -> str:
+    return f"{validate_id(rollout_id, 'rollout_id')}/a{attempt}/{validate_id(call_id, 'call_id')}"
+
+
+class TokenPutReceipt(_Model):
+    """What a sink returns once an entry is durable: key, sha256 and length of its bytes."""
+
+    key: str = Field(min_length=1, max_length=512)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    length: int = Field(ge=0)
+
+
+class TokenSnapshotEntry(_Model):
+    """One key of a snapshot: its digest and length, and where the reference store keeps it."""
+
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    length: int = Field(ge=0)
+    shard: str | None = None
+    row: int | None = Field(default=None, ge=0)
+
+
+class TokenSnapshotReceipt(_Model):
+    """Identity and integrity of a token-store snapshot, bound into the global checkpoint.
+
+    ``key``/``digest``/``length`` locate and pin the snapshot manifest; ``entries`` counts keys.
+    """
+
+    store: str = Field(min_length=1, max_length=1024)
+    checkpoint_id: Identifier
+    snapshot_id: Identifier
+    key: str = Field(min_length=1)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    length: int = Field(ge=0)
+    entries: int = Field(ge=0)
+
+
+@runtime_checkable
+class TokenSink(Protocol):
+    """Where the policy model stages a call's tokens; ``put`` is idempotent per call id and
+    returns only once the entry is durable."""
+
+    @property
+    def name(self) -> str:
+        """Identity of the store (goes into every ``TokenStoreReceipt.store``)."""
+        ...
+
+    def put(self, entry: TokenEntry) -> TokenPutReceipt: ...
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """Read side: a snapshot bound to a checkpoint, and entries by key."""
+
+    @property
+    def name(self) -> str: ...
+
+    def snapshot(self, checkpoint_id: str) -> TokenSnapshotReceipt: ...
+
+    def get(self, key: str) -> TokenEntry: ...
+
+
+@runtime_checkable
+class LineageStore(Protocol):
+    """Where a framework keeps token-free model-call lineage outside the model server."""
+
+    def record(self, lineage: ModelCallLineageRecord) -> None: ...
+
+    def lineage(self, execution: ExecutionId) -> list[ModelCallLineageRecord]: ...
+
+    def drop(self, execution: ExecutionId) -> None: ...
+
+
+class InMemoryLineageStore:
+    """A process-local :class:`LineageStore` (tests, single-process frameworks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[ExecutionId, dict[str, ModelCallLineageRecord]] = {}
+
+    def record(self, lineage: ModelCallLineageRecord) -> None:
+        with self._lock:
+            rows = self._rows.setdefault(lineage.execution, {})
+            existing = rows.get(lineage.call_id)
+            if existing is not None and existing != lineage:
+                raise ObjectExistsError(
+                    f"lineage of call {lineage.call_id} of {lineage.execution} already differs",
+                    call_id=lineage.call_id,
+                )
+            rows[lineage.call_id] = lineage
+
+    def lineage(self, execution: ExecutionId) -> list[ModelCallLineageRecord]:
+        with self._lock:
+            return list(self._rows.get(execution, {}).values())
+
+    def drop(self, execution: ExecutionId) -> None:
+        with self._lock:
+            self._rows.pop(execution, None)
+
+
+_SHARD_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("digest", pa.string()),
+        ("length", pa.int64()),
+        ("schema_version", pa.int32()),
+        ("rollout_id", pa.string()),
+        ("attempt", pa.int64()),
+        ("call_id", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int64())),
+        ("generation_token_ids", pa.list_(pa.int64())),
+        ("generation_log_probs", pa.list_(pa.float64())),
+        ("mask", pa.list_(pa.int8())),
+    ]
+)
+
+
+def snapshot_key(checkpoint_id: str, prefix: str = layout.TOKENS_PREFIX) -> str:
+    return f"{prefix.strip('/')}/snapshots/{validate_id(checkpoint_id, 'checkpoint_id')}.json"
+
+
+class ObjectStoreTokenStore:
+    """Reference :class:`TokenSink` and :class:`TokenSource` on an :class:`ObjectStore`.
+
+    Thread-safe. Shards are immutable and uniquely named, so several processes may share a
+    prefix: a snapshot lists every shard (reading only the key/digest/length columns of shards
+    this instance has not seen yet). See the module docstring for the layout and trade-offs.
+    """
+
+    def __init__(
+        self, store: str | ObjectStore, prefix: str = layout.TOKENS_PREFIX, *, zstd_level: int = 3
+    ) -> None:
+        self.store = open_store(store)
+        self.prefix = validate_key(prefix.strip("/"))
+        self.zstd_level = zstd_level
+        self._lock = threading.Lock()
+        self._index: dict[str, TokenSnapshotEntry] = {}
+        self._seen_shards: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        return f"{self.store.url}/{self.prefix}"
+
+    # -- sink ---------------------------------------------------------------------------------
+    def put(self, entry: TokenEntry) -> TokenPutReceipt:
+        """Store one call's tokens durably (one shard); a repeat with equal tokens is a no-op."""
+        return self.put_many([entry])[0]
+
+    def put_many(self, entries: Sequence[TokenEntry]) -> list[TokenPutReceipt]:
+        """Store several calls in one shard; receipts in input order.
+
+        A key already stored with equal bytes is not written again; with different bytes it
+        raises ``ObjectExistsError`` (a call id names exactly one generation).
+        """
+        receipts = [e.receipt() for e in entries]
+        fresh: dict[str, tuple[TokenEntry, TokenPutReceipt]] = {}
+        with self._lock:
+            for entry, receipt in zip(entries, receipts, strict=True):
+                known = self._index.get(receipt.key)
+                pending = fresh.get(receipt.key)
+                digest = known.digest if known else (pending[1].digest if pending else None)
+                if digest is None:
+                    fresh[receipt.key] = (entry, receipt)
+                elif digest != receipt.digest:
+                    raise ObjectExistsError(
+                        f"token entry {receipt.key} is already stored with different tokens",
+                        key=receipt.key,
+                    )
+        if not fresh:
+            return receipts
+        rows = list(fresh.values())
+        shard = f"{self.prefix}/shards/{uuid.uuid4().hex}.parquet"
+        self.store.put_if_absent(shard, self._encode(rows))
+        with self._lock:
+            self._seen_shards.add(shard)
+            for row, (_, receipt) in enumerate(rows):
+                self._index.setdefault(
+                    receipt.key,
+                    TokenSnapshotEntry(digest=receipt.digest, length=receipt.length, shard=shard, row=row),
+                )
+        return receipts
+
+    def _encode(self, rows: Sequence[tuple[TokenEntry, TokenPutReceipt]]) -> bytes:
+        columns: dict[str, list[Any]] = {name: [] for name in _SHARD_SCHEMA.names}
+        for entry, receipt in rows:
+            columns["key"].append(receipt.key)
+            columns["digest"].append(receipt.digest)
+            columns["length"].append(receipt.length)
+            columns["schema_version"].append(entry.schema_version)
+            columns["rollout_id"].append(entry.rollout_id)
+            columns["attempt"].append(entry.attempt)
+            columns["call_id"].append(entry.call_id)
+            columns["prompt_token_ids"].append(entry.prompt_token_ids)
+            columns["generation_token_ids"].append(entry.generation_token_ids)
+            columns["generation_log_probs"].append(entry.generation_log_probs)
+            columns["mask"].append(entry.mask)
+        table = pa.table(columns, schema=_SHARD_SCHEMA)
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd", compression_level=self.zstd_level)
+        return sink.getvalue()
+
+    # -- source -------------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Index shards written by other processes; returns how many keys are known."""
+        shards = [i.key for i in self.store.list(f"{self.prefix}/shards/") if i.key.endswith(".parquet")]
+        with self._lock:
+            new = [s for s in shards if s not in self._seen_shards]
+        found: list[tuple[str, TokenSnapshotEntry]] = []
+        for shard in new:
+            with self.store.open_read(shard) as fh:
+                table = pq.ParquetFile(fh).read(columns=["key", "digest", "length"])
+            for row, (key, digest, length) in enumerate(
+                zip(
+                    table["key"].to_pylist(),
+                    table["digest"].to_pylist(),
+                    table["length"].to_pylist(),
+                    strict=True,
+                )
+            ):
+                found.append((key, TokenSnapshotEntry(digest=digest, length=length, shard=shard, row=row)))
+        with self._lock:
+            for key, entry in found:
+                known = self._index.get(key)
+                if known is None:
+                    self._index[key] = entry
+                elif known.digest != entry.digest:
+                    raise IntegrityError(
+                        f"token entry {key} is stored twice with different tokens "
+                        f"({known.shard} and {entry.shard})",
+                        key=key,
+                    )
+            self._seen_shards.update(new)
+            return len(self._index)
+
+    def get(self, key: str) -> TokenEntry:
+        """The entry under ``key``, digest-checked against the index."""
+        with self._lock:
+            located = self._index.get(key)
+        if located is None:
+            self.refresh()
+            with self._lock:
+                located = self._index.get(key)
+        if located is None or located.shard is None or located.row is None:
+            raise ObjectNotFoundError(f"{self.name}: no token entry {key!r}", key=key)
+        return read_entry(self.store, located, key)
+
+    def snapshot(self, checkpoint_id: str) -> TokenSnapshotReceipt:
+        """Write ``snapshots/<checkpoint_id>.json`` (create-only) listing every key with its
+        digest and length. The first snapshot under an id wins: a retry returns its receipt."""
+        self.refresh()
+        key = snapshot_key(checkpoint_id, self.prefix)
+        with self._lock:
+            entries = {k: self._index[k].model_dump(mode="json") for k in sorted(self._index)}
+        body = {
+            "format": TOKEN_SNAPSHOT_FORMAT,
+            "store": self.name,
+            "checkpoint_id": checkpoint_id,
+            "snapshot_id": checkpoint_id,
+            "entries": entries,
+        }
+        data = _canonical_json(body)
+        try:
+            self.store.put_if_absent(key, data)
+        except ObjectExistsError:
+            data = self.store.get(key)
+            _parse_snapshot(data, key, checkpoint_id)
+        return TokenSnapshotReceipt(
+            store=self.name,
+            checkpoint_id=checkpoint_id,
+            snapshot_id=checkpoint_id,
+            key=key,
+            digest=hashlib.sha256(data).hexdigest(),
+            length=len(data),
+            entries=len(_parse_snapshot(data, key, checkpoint_id)),
+        )
+
+
+def _canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _parse_snapshot(data: bytes, key: str, checkpoint_id: str) -> dict[str, TokenSnapshotEntry]:
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format") != TOKEN_SNAPSHOT_FORMAT:
+            raise ValueError(f"not a {TOKEN_SNAPSHOT_FORMAT} document")
+        if body.get("checkpoint_id") != checkpoint_id:
+            raise ValueError(
+                f"snapshot names checkpoint {body.get('checkpoint_id')!r}, not {checkpoint_id!r}"
+            )
+        raw = body.get("entries")
+        if not isinstance(raw, dict):
+            raise ValueError("'entries' must be an object")
+        return {str(k): TokenSnapshotEntry.model_validate(v) for k, v in raw.items()}
+    except (ValueError, ValidationError) as exc:
+        raise IntegrityError(f"{key}: invalid token snapshot: {exc}", key=key, problem="invalid") from None
+
+
+def load_snapshot(store: str | ObjectStore, receipt: TokenSnapshotReceipt) -> dict[str, TokenSnapshotEntry]:
+    """Read the snapshot a receipt names, verify its length and digest, return key -> entry.
+
+    ``IntegrityError`` when the snapshot is missing, truncated, altered or names another
+    checkpoint: the recovery reader then rejects the checkpoint.
+    """
+    target = open_store(store)
+    try:
+        data = target.get(receipt.key)
+    except ObjectNotFoundError:
+        raise IntegrityError(
+            f"token snapshot {receipt.key} is missing", key=receipt.key, problem="missing"
+        ) from None
+    if len(data) != receipt.length:
+        raise IntegrityError(
+            f"token snapshot {receipt.key} is {len(data)} bytes, the receipt says {receipt.length}",
+            key=receipt.key,
+            problem="truncated" if len(data) < receipt.length else "altered",
+        )
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != receipt.digest:
+        raise IntegrityError(
+            f"token snapshot {receipt.key} is altered: sha256 {digest}, receipt {receipt.digest}",
+            key=receipt.key,
+            problem="altered",
+        )
+    entries = _parse_snapshot(data, receipt.key, receipt.checkpoint_id)
+    if len(entries) != receipt.entries:
+        raise IntegrityError(
+            f"token snapshot {receipt.key} lists {len(entries)} keys, receipt {receipt.entries}"
+        )
+    return entries
+
+
+def read_entry(store: ObjectStore, located: TokenSnapshotEntry, key: str) -> TokenEntry:
+    """Read one entry from its shard and check it against the digest and length it was listed with."""
+    if located.shard is None or located.row is None:
+        raise ObjectNotFoundError(f"token entry {key!r} has no location", key=key)
+    try:
+        with store.open_read(located.shard) as fh:
+            table = pq.ParquetFile(fh).read()
+    except ObjectNotFoundError:
+        raise IntegrityError(f"token shard {located.shard} is missing", key=located.shard) from None
+    if located.row >= table.num_rows:
+        raise IntegrityError(f"token shard {located.shard} has no row {located.row}", key=located.shard)
+    row = {name: table[name][located.row].as_py() for name in _SHARD_SCHEMA.names}
+    if row["key"] != key:
+        raise IntegrityError(f"token shard {located.shard} row {located.row} holds {row['key']}, not {key}")
+    try:
+        entry = TokenEntry(
+            schema_version=row["schema_version"],
+            rollout_id=row["rollout_id"],
+            attempt=row["attempt"],
+            call_id=row["call_id"],
+            prompt_token_ids=row["prompt_token_ids"],
+            generation_token_ids=row["generation_token_ids"],
+            generation_log_probs=row["generation_log_probs"],
+            mask=row["mask"],
+        )
+    except ValidationError as exc:
+        raise InvalidRecordError(f"token entry {key}: {exc}", key=key) from None
+    receipt = entry.receipt()
+    if (receipt.digest, receipt.length) != (located.digest, located.length):
+        raise IntegrityError(
+            f"token entry {key} does not match its digest/length (altered)", key=key, problem="altered"
+        )
+    return entry
