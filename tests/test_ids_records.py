@@ -77,9 +77,15 @@ def _samples() -> list:
             usage={"input_tokens": 5},
             agent_state=b"\x00\xffstate",
         ),
-        ResourceSnapshotRecord(rollout_id="r", attempt=1, session_id="s", revision=4, codec="json", state=b"{}"),
-        ModelCallLineageRecord(rollout_id="r", attempt=1, call_id="c7", parent_call_id="c6", policy_version="v3"),
-        TokenStoreReceipt(rollout_id="r", attempt=1, store="s3", snapshot_id="snap", key="k", digest="d", length=3),
+        ResourceSnapshotRecord(
+            rollout_id="r", attempt=1, session_id="s", revision=4, codec="json", state=b"{}"
+        ),
+        ModelCallLineageRecord(
+            rollout_id="r", attempt=1, call_id="c7", parent_call_id="c6", policy_version="v3"
+        ),
+        TokenStoreReceipt(
+            rollout_id="r", attempt=1, store="s3", snapshot_id="snap", key="k", digest="d", length=3
+        ),
         CompletedResultRecord(rollout_id="r", attempt=0, result={"reward": 1.0}, reward=1.0),
         DispatchRecord(rollout_id="r", attempt=1, state="running", input_digest="abc"),
     ]
@@ -121,5 +127,7 @@ def test_index_refs_name_cross_component_references() -> None:
 def test_opaque_bytes_survive_json(state: bytes, session: str) -> None:
     if ".." in session:
         return
-    rec = ResourceSnapshotRecord(rollout_id="r", attempt=0, session_id=session, revision=0, codec="raw", state=state)
+    rec = ResourceSnapshotRecord(
+        rollout_id="r", attempt=0, session_id=session, revision=0, codec="raw", state=state
+    )
     assert decode_record(rec.kind, rec.to_payload()).state == state  # type: ignore[attr-defined]

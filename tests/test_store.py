@@ -495,3 +495,14 @@ def test_local_versions_stay_unique_with_a_coarse_clock(
     with pytest.raises(VersionChangedError):
         local_store.put_if_match("ptr", b"C", stale)
     assert local_store.get("ptr") == b"A"  # the last of 200 writes
+
+
+def test_local_store_reads_never_create_the_root(tmp_path: Path) -> None:
+    """A mistyped path opened for reading must not leave a directory behind."""
+    root = tmp_path / "does" / "not" / "exist"
+    store = LocalStore(root)
+    assert store.list() == []
+    assert not store.exists("a.json")
+    assert not root.exists()
+    store.put("a.json", b"{}")
+    assert root.is_dir() and store.get("a.json") == b"{}"

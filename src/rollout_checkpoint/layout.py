@@ -12,6 +12,7 @@ as a spec). Every id that becomes part of a key is validated here.
     checkpoints/<checkpoint_id>/components/<kind>/<instance>/index-<writer_id>.parquet
     checkpoints/<checkpoint_id>/components/<kind>/<instance>/shards/<writer_id>-<seq>.parquet
     tokens/...                                               reference token store
+    gc/leftovers.json                                        retention's ledger of unpublished prefixes
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .ids import validate_id
 __all__ = [
     "AGGREGATE_NAME",
     "CHECKPOINTS_PREFIX",
+    "GC_LEDGER_KEY",
     "LATEST_KEY",
     "MANIFEST_NAME",
     "PUBLISHED_PREFIX",
@@ -37,6 +39,7 @@ CHECKPOINTS_PREFIX = "checkpoints/"
 TOKENS_PREFIX = "tokens"
 MANIFEST_NAME = "manifest.json"
 AGGREGATE_NAME = "aggregate.json"
+GC_LEDGER_KEY = "gc/leftovers.json"
 
 
 def published_key(checkpoint_id: str) -> str:

@@ -67,7 +67,6 @@ class LocalStore(ObjectStore):
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
         self.url = self.root.as_uri()
         self.fsync = fsync
 

@@ -1,0 +1,147 @@
+"""Checkpoint cycle cost against the number of live rollouts.
+
+    python benchmarks/checkpoint_cycle.py [--store URL] [--endpoint-url URL] \\
+        [--rollouts 1000 10000 100000] [--runs R] [--json]
+
+For every N: in-process participants of each kind (agent, policy model, resources: 3
+participants, ``rollout_checkpoint._cli_protocol.DemoDeployment``) hold N live rollouts (20%
+finished and handed off, 10% never started, 10% restart-only, 60% parked at a turn boundary
+with a staged model call, a resources session and ``--state-bytes`` of opaque agent state).
+One checkpoint cycle is timed:
+
+* pause: first prepare to last resume (what the rollouts wait);
+* publish: first commit to the global record written (the commit point);
+* classify: ``load_checkpoint`` of the published checkpoint, with the bytes it read next to the
+  bytes of shard payload in the checkpoint (classify reads manifests and member indexes only).
+
+Medians over ``--runs``; every figure is also given per rollout and as a ratio against the
+first (smallest) N of the same run, next to the ratio of N itself (equal ratios = linear).
+Checkpoints stay in the store (``<store>/n<N>``) so ``rollout-checkpoint list / classify /
+verify`` work on them afterwards. With ``--json`` the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_info, median, payloads, peak_rss_mb, storage_options
+from rollout_checkpoint._cli_protocol import DemoDeployment
+from rollout_checkpoint.layout import checkpoint_prefix
+from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.store import open_store
+
+
+def _sub_url(base: str, n: int) -> str:
+    return f"{base.rstrip('/')}/n{n}"
+
+
+def run_one(url: str, n: int, options: dict[str, Any], state_bytes: int) -> dict[str, Any]:
+    store = open_store(url, **options)
+    started = time.perf_counter()
+    deployment = DemoDeployment(store)
+    made = deployment.populate(n, agent_states=payloads(n, state_bytes, seed=n))
+    setup = time.perf_counter() - started
+    try:
+        outcome = deployment.checkpoint(deadline_s=600)
+    finally:
+        deployment.close()
+    assert outcome.clean, outcome.post_commit_errors
+    plan = load_checkpoint(store, outcome.checkpoint_id)
+    listing = store.list(checkpoint_prefix(outcome.checkpoint_id) + "/")
+    payload = sum(i.size for i in listing if "/shards/" in i.key)
+    index = sum(i.size for i in listing if "/index-" in i.key)
+    return {
+        "checkpoint_id": outcome.checkpoint_id,
+        "setup_s": setup,
+        "pause_s": outcome.pause_seconds,
+        "publish_s": outcome.publish_seconds,
+        "classify_s": plan.seconds,
+        "classify_bytes_read": plan.bytes_read,
+        "classify_objects_read": plan.keys_read,
+        "shard_payload_bytes": payload,
+        "index_bytes": index,
+        "counts": plan.counts(),
+        "created": made,
+        "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--store", default=None, help="store URL (default: a new temporary directory)")
+    parser.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    parser.add_argument("--rollouts", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--state-bytes", type=int, default=2048, help="opaque agent state per parked rollout (default 2 KiB)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args(argv)
+    base = args.store or tempfile.mkdtemp(prefix="checkpoint-cycle-")
+    sizes = sorted(args.rollouts)
+    results: list[dict[str, Any]] = []
+    for n in sizes:
+        url = _sub_url(base, n)
+        options = storage_options(url, args.endpoint_url)
+        runs = [run_one(url, n, options, args.state_bytes) for _ in range(args.runs)]
+        row: dict[str, Any] = {"rollouts": n, "participants": 3, "url": url, "runs": len(runs)}
+        for key in ("setup_s", "pause_s", "publish_s", "classify_s"):
+            row[key] = median([r[key] for r in runs])
+        for key in ("classify_bytes_read", "classify_objects_read", "shard_payload_bytes", "index_bytes"):
+            row[key] = runs[-1][key]
+        row["counts"] = runs[-1]["counts"]
+        row["timings"] = runs[-1]["timings"]
+        row["checkpoint_id"] = runs[-1]["checkpoint_id"]
+        row["pause_us_per_rollout"] = row["pause_s"] / n * 1e6
+        row["publish_us_per_rollout"] = row["publish_s"] / n * 1e6
+        row["classify_us_per_rollout"] = row["classify_s"] / n * 1e6
+        results.append(row)
+        if not args.json:
+            print(
+                f"N={n:>7}: pause {row['pause_s']:.3f}s  publish {row['publish_s']:.3f}s  "
+                f"classify {row['classify_s']:.3f}s  read {row['classify_bytes_read']:,} B "
+                f"(shard payload {row['shard_payload_bytes']:,} B)  {row['counts']}",
+                flush=True,
+            )
+    base_row = results[0]
+    for row in results:
+        scale = row["rollouts"] / base_row["rollouts"]
+        row["ratio_rollouts"] = scale
+        for key in ("pause_s", "publish_s", "classify_s", "classify_bytes_read"):
+            ratio = row[key] / base_row[key] if base_row[key] else 0.0
+            row[f"ratio_{key}"] = ratio
+            row[f"linearity_{key}"] = ratio / scale  # 1.0 = exactly linear
+    summary = {
+        "benchmark": "checkpoint_cycle",
+        "store": base,
+        "machine": machine_info(),
+        "peak_rss_mb": peak_rss_mb(),
+        "results": results,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"checkpoints are under {base} (n<N> per size); try: rollout-checkpoint list {results[-1]['url']}"
+        )
+        for row in results:
+            print(
+                f"N={row['rollouts']:>7} x{row['ratio_rollouts']:.0f}: pause x{row['ratio_pause_s']:.1f}, "
+                f"publish x{row['ratio_publish_s']:.1f}, classify x{row['ratio_classify_s']:.1f}, "
+                f"bytes read x{row['ratio_classify_bytes_read']:.1f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

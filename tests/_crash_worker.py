@@ -1,0 +1,93 @@
+"""Subprocess side of ``test_crash_subprocess.py``: runs a checkpoint cycle against a local
+directory store and SIGKILLs itself at step k (no cleanup, no ``finally``, no atexit).
+
+Usage::
+
+    python tests/_crash_worker.py DIR baseline        # publish the baseline checkpoint
+    python tests/_crash_worker.py DIR steps           # print the cycle's step names (JSON)
+    python tests/_crash_worker.py DIR crash K CID     # run cycle CID, SIGKILL before step K
+    python tests/_crash_worker.py DIR recover         # fresh process: restore latest, resume, checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+from _protocol_fakes import Deployment, FakeTokens
+from rollout_checkpoint.store import LocalStore
+
+
+def _deployment(root: str) -> Deployment:
+    store = LocalStore(root, fsync=False)
+    return Deployment(store, token_source=FakeTokens(store))
+
+
+def _populate(dep: Deployment) -> None:
+    dep.resumable("cont", tokens=dep.coordinator.token_source)
+    dep.completed("done")
+    dep.running("ronly", restart_only=True)
+
+
+def main(argv: list[str]) -> int:
+    root, mode = argv[0], argv[1]
+    dep = _deployment(root)
+    try:
+        return _run(dep, mode, argv)
+    finally:
+        dep.close()  # stop lease timer threads before the interpreter exits
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread():
+                thread.join(timeout=2)
+
+
+def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
+    if mode == "baseline":
+        _populate(dep)
+        print(json.dumps({"checkpoint_id": dep.coordinator.checkpoint("ck-baseline").checkpoint_id}))
+        return 0
+    if mode == "steps":
+        _populate(dep)
+        steps: list[str] = []
+        dep.coordinator.fault_hook = steps.append
+        dep.coordinator.checkpoint("ck-steps")
+        print(json.dumps(steps))
+        return 0
+    if mode == "crash":
+        k, cid = int(argv[2]), argv[3]
+        _populate(dep)
+        seen = [0]
+
+        def hook(step: str) -> None:
+            if seen[0] == k:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            seen[0] += 1
+
+        dep.coordinator.fault_hook = hook
+        dep.coordinator.checkpoint(cid)
+        return 3  # the step was never reached
+    if mode == "recover":
+        restored = dep.coordinator.restore()
+        dep.coordinator.resume(restored.restore_id)
+        after = dep.coordinator.checkpoint()
+        print(
+            json.dumps(
+                {
+                    "restored_from": restored.source_checkpoint_id,
+                    "checkpoint_id": after.checkpoint_id,
+                    "clean": after.clean,
+                    "open": dep.all_open(),
+                    "registry": {e.rollout_id: [e.attempt, e.state] for e in dep.registry.executions()},
+                }
+            )
+        )
+        return 0
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,413 @@
+"""The checkpoint cycle: commit point, aborts, fault injection at every step, races, restore."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import pytest
+
+from _protocol_fakes import Deployment, FakeTokens, ScriptedParticipant, ex
+from rollout_checkpoint import layout
+from rollout_checkpoint.control import ParticipantControl
+from rollout_checkpoint.coordinator import (
+    CheckpointCancelledError,
+    CheckpointNotReadyError,
+    Coordinator,
+    RestoreFailedError,
+)
+from rollout_checkpoint.errors import (
+    CheckpointError,
+    ConditionalWriteUnsupportedError,
+    DeadlineExceededError,
+    IntegrityError,
+    InvalidRecordError,
+    ManifestConflictError,
+    StaleAttemptError,
+    StaleCheckpointError,
+)
+from rollout_checkpoint.manifests import list_published, read_latest
+from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.registry import LiveExecutionRegistry
+from rollout_checkpoint.store import FsspecStore, MemoryStore, ObjectStore
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def _fresh_store() -> MemoryStore:
+    return MemoryStore(f"coord-{uuid.uuid4().hex}")
+
+
+def _populate(dep: Deployment, tokens: FakeTokens | None) -> None:
+    dep.resumable("cont", tokens=tokens)
+    dep.completed("done")
+    dep.dispatch("queued")
+    dep.running("ronly", restart_only=True)
+
+
+def _published(store: ObjectStore) -> list[str]:
+    return sorted(p.checkpoint_id for p in list_published(store))
+
+
+def _latest(store: ObjectStore) -> str | None:
+    pointer = read_latest(store)
+    return None if pointer is None else pointer[0].checkpoint_id
+
+
+@pytest.fixture()
+def dep() -> Iterator[Deployment]:
+    store = _fresh_store()
+    deployment = Deployment(store, token_source=FakeTokens(store))
+    yield deployment
+    deployment.close()
+
+
+def test_cycle_publishes_a_verifiable_checkpoint(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+    first = dep.coordinator.checkpoint(framework_state={"trainer_step": 7})
+    assert first.clean and first.latest_moved and first.record.sequence == 1
+    assert first.pause_seconds >= first.publish_seconds > 0
+    second = dep.coordinator.checkpoint()
+    assert second.record.sequence == 2 and second.record.previous_checkpoint_id == first.checkpoint_id
+    assert _latest(dep.store) == second.checkpoint_id
+    report = verify_checkpoint(dep.store, first.checkpoint_id)
+    assert report.counts == {"completed": 1, "continue": 1, "fresh_dispatch": 2}
+    plan = load_checkpoint(dep.store, first.checkpoint_id)
+    assert plan.record.framework_state == {"trainer_step": 7}
+    assert plan.record.token_snapshot is not None
+    assert dep.all_open() and dep.registry.frozen_by is None
+
+
+def test_unsafe_store_is_refused_unless_accepted() -> None:
+    store = FsspecStore(fsspec.filesystem("memory"), f"/unsafe-{uuid.uuid4().hex}", "memory://unsafe")
+    registry = LiveExecutionRegistry()
+    with pytest.raises(ConditionalWriteUnsupportedError):
+        Coordinator(store, [], registry).checkpoint()
+    assert Coordinator(store, [], registry, accept_unsafe_store=True).checkpoint().clean
+
+
+def test_duplicate_participants_are_refused(dep: Deployment) -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Coordinator(dep.store, [dep.agent, dep.agent], dep.registry)
+
+
+# -- fault injection at every step, in-process ---------------------------------------------------
+
+
+def _steps() -> list[str]:
+    store = _fresh_store()
+    steps: list[str] = []
+    dep = Deployment(store, token_source=FakeTokens(store))
+    _populate(dep, dep.coordinator.token_source)
+    dep.coordinator.checkpoint()
+    dep.coordinator.fault_hook = steps.append
+    dep.coordinator.checkpoint()
+    dep.close()
+    return steps
+
+
+STEPS = _steps()
+
+
+def test_the_step_list_covers_every_write_call_and_the_commit_point() -> None:
+    kinds = {s.split(":", 1)[0] for s in STEPS}
+    assert {
+        "freeze",
+        "prepare",
+        "commit",
+        "put",
+        "put_if_absent",
+        "validate",
+        "token_snapshot",
+        "publish",
+        "latest",
+        "resume",
+    } <= kinds
+    assert STEPS.index("publish") < STEPS.index("latest")
+    assert sum(s.startswith("put_if_absent:") and s.endswith("/manifest.json") for s in STEPS) == 4
+
+
+@pytest.mark.parametrize(
+    "k", range(len(STEPS)), ids=[f"{i}-{s.split('/')[-1][:24]}" for i, s in enumerate(STEPS)]
+)
+def test_fault_at_every_step(k: int) -> None:
+    store = _fresh_store()
+    tokens = FakeTokens(store)
+    dep = Deployment(store, token_source=tokens)
+    _populate(dep, tokens)
+    baseline = dep.coordinator.checkpoint().checkpoint_id
+    seen: list[str] = []
+
+    def hook(step: str) -> None:
+        seen.append(step)
+        if len(seen) == k + 1:
+            raise InjectedFault(step)
+
+    dep.coordinator.fault_hook = hook
+    commit_point = STEPS.index("publish")
+    cid = f"ck-fault-{k}"
+    if k <= commit_point:
+        with pytest.raises(InjectedFault):
+            dep.coordinator.checkpoint(cid)
+        assert _published(store) == [baseline]
+        assert _latest(store) == baseline
+    else:
+        outcome = dep.coordinator.checkpoint(cid)
+        # a failed pointer move is reported; a failed resume is retried (and succeeds here)
+        assert outcome.clean == (STEPS[k] != "latest")
+        assert _published(store) == sorted([baseline, cid])
+        verify_checkpoint(store, cid)
+        assert _latest(store) in (baseline, cid)
+    # invariants: participants open, registry thawed, completed result kept, the latest verifies
+    assert dep.all_open(), [p.status() for p in dep.participants]
+    assert dep.registry.frozen_by is None
+    assert [r.rollout_id for r in dep.registry.pending_results()] == ["done"]
+    assert load_checkpoint(store).rollouts["done"].disposition == "completed"
+    # and the next cycle works
+    dep.coordinator.fault_hook = None
+    after = dep.coordinator.checkpoint()
+    assert after.clean and _latest(store) == after.checkpoint_id
+    dep.close()
+
+
+# -- lost acknowledgements, deadlines, cancellation, verification ------------------------------------
+
+
+class LossyParticipant:
+    """Applies each listed operation, then loses its answer once (a transport failure)."""
+
+    def __init__(self, inner: ScriptedParticipant, lose: set[str]) -> None:
+        self.inner = inner
+        self.lose = set(lose)
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.inner, name)
+        if name not in ("prepare", "commit", "resume", "restore", "retire"):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            result = target(*args, **kwargs)
+            if name in self.lose:
+                self.lose.discard(name)
+                raise ConnectionError(f"answer of {name} lost")
+            return result
+
+        return call
+
+
+def test_lost_acknowledgements_are_retried(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+    lossy = LossyParticipant(dep.agent, {"prepare", "commit", "resume"})
+    proxy: Any = lossy
+    participants: list[ParticipantControl] = [proxy, dep.model, dep.resources]
+    coordinator = Coordinator(dep.store, participants, dep.registry, dep.coordinator.token_source)
+    outcome = coordinator.checkpoint()
+    assert outcome.clean and lossy.calls == {"prepare": 2, "commit": 2, "resume": 2}
+    # the repeated commit did not export twice: one manifest, one index, one shard
+    prefix = layout.component_prefix(outcome.checkpoint_id, "agent", "agent-0")
+    assert len(dep.store.list(prefix)) == 3
+    assert dep.all_open()
+    verify_checkpoint(dep.store, outcome.checkpoint_id)
+
+
+def test_not_ready_by_the_deadline_aborts(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+    dep.agent.set_blockers(["cont#0 mid-turn"])
+    with pytest.raises(CheckpointNotReadyError) as info:
+        dep.coordinator.checkpoint(deadline_s=0.2)
+    assert info.value.details["stage"] == "agent"
+    assert _published(dep.store) == [] and dep.all_open()
+    # resources (the stage after the blocked one) was never asked to prepare
+    assert dep.resources.status().phase.value == "idle"
+
+
+def test_deadline_passing_between_steps_aborts(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+    offset = [0.0]
+    dep.coordinator.clock = lambda: time.time() + offset[0]
+
+    def hook(step: str) -> None:
+        if step == "validate:resources/res-0":
+            offset[0] = 120.0
+
+    dep.coordinator.fault_hook = hook
+    with pytest.raises(DeadlineExceededError):
+        dep.coordinator.checkpoint(deadline_s=60)
+    assert _published(dep.store) == [] and dep.all_open()
+
+
+def test_cancellation_before_the_commit_point_aborts(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+
+    def hook(step: str) -> None:
+        if step == "commit:agent/agent-0":
+            dep.coordinator.cancel()
+
+    dep.coordinator.fault_hook = hook
+    with pytest.raises(CheckpointCancelledError):
+        dep.coordinator.checkpoint()
+    assert _published(dep.store) == [] and dep.all_open()
+    dep.coordinator.fault_hook = None
+    assert dep.coordinator.checkpoint().clean  # a cancel does not stick to the next cycle
+
+
+def test_component_corrupted_before_the_aggregate_fails_validation(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+
+    def hook(step: str) -> None:
+        if step == "validate:agent/agent-0":
+            shard = next(
+                i.key for i in dep.store.list("checkpoints/") if "/agent/" in i.key and "/shards/" in i.key
+            )
+            dep.store.put(shard, dep.store.get(shard)[:-7])
+
+    dep.coordinator.fault_hook = hook
+    with pytest.raises(IntegrityError):
+        dep.coordinator.checkpoint()
+    assert _published(dep.store) == [] and dep.all_open()
+    assert not [i for i in dep.store.list("checkpoints/") if i.key.endswith("aggregate.json")]
+
+
+def test_reused_checkpoint_id_is_stale(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+    cid = dep.coordinator.checkpoint().checkpoint_id
+    record = dep.store.get(layout.published_key(cid))
+    with pytest.raises(StaleCheckpointError):
+        dep.coordinator.checkpoint(cid)
+    assert dep.store.get(layout.published_key(cid)) == record and dep.all_open()
+
+
+def test_failure_after_the_commit_point_is_reported_not_raised(dep: Deployment) -> None:
+    _populate(dep, dep.coordinator.token_source)
+    baseline = dep.coordinator.checkpoint().checkpoint_id
+
+    def hook(step: str) -> None:
+        if step == "latest":
+            raise InjectedFault(step)
+
+    dep.coordinator.fault_hook = hook
+    outcome = dep.coordinator.checkpoint()
+    assert not outcome.latest_moved and "latest pointer not moved" in outcome.post_commit_errors[0]
+    assert _latest(dep.store) == baseline
+    verify_checkpoint(dep.store, outcome.checkpoint_id)
+    dep.coordinator.fault_hook = None
+    third = dep.coordinator.checkpoint()
+    assert third.record.sequence == outcome.record.sequence + 1 and _latest(dep.store) == third.checkpoint_id
+
+
+# -- two coordinators, one checkpoint id -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["memory_store", "local_store", "s3_store"])
+def test_two_coordinators_publishing_one_id(backend: str, request: pytest.FixtureRequest) -> None:
+    store: ObjectStore = request.getfixturevalue(backend)
+    deployments = [Deployment(store) for _ in range(2)]
+    for i, d in enumerate(deployments):
+        d.running(f"only-{i}")
+        d.completed("done")
+    barrier = threading.Barrier(2)
+    results: list[object] = [None, None]
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = deployments[i].coordinator.checkpoint("ck-race")
+        except CheckpointError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, r in enumerate(results) if not isinstance(r, CheckpointError)]
+    assert len(winners) == 1, results
+    loser = results[1 - winners[0]]
+    assert isinstance(
+        loser, ManifestConflictError | StaleCheckpointError | InvalidRecordError | IntegrityError
+    )
+    plan = load_checkpoint(store, "ck-race")
+    assert set(plan.rollouts) == {f"only-{winners[0]}", "done"}
+    verify_checkpoint(store, "ck-race")
+    assert all(d.all_open() for d in deployments)
+    for d in deployments:
+        d.close()
+
+
+# -- restore -----------------------------------------------------------------------------------------
+
+
+def test_restore_rebuilds_registry_and_fences_old_attempts(dep: Deployment) -> None:
+    tokens = dep.coordinator.token_source
+    _populate(dep, tokens)
+    cid = dep.coordinator.checkpoint().checkpoint_id
+    dep.close()
+    fresh = Deployment(dep.store, token_source=tokens)  # the crash: new, empty participants
+    outcome = fresh.coordinator.restore()
+    assert outcome.source_checkpoint_id == cid
+    assert outcome.restored["agent/agent-0"] == (ex("cont", 1),)
+    assert not fresh.all_open()  # restore leaves participants paused
+    got = {e.rollout_id: (e.attempt, e.state) for e in fresh.registry.executions()}
+    assert got == {
+        "cont": (1, "running"),
+        "done": (0, "handed_off"),
+        "queued": (1, "queued"),
+        "ronly": (1, "queued"),
+    }
+    assert fresh.registry.get("done").result is not None
+    fresh.coordinator.resume(outcome.restore_id)
+    assert fresh.all_open()
+    # attempt 0 is refused everywhere; attempt 1 of the fresh dispatches is admitted
+    for participant in fresh.participants:
+        for rollout in ("cont", "queued", "ronly"):
+            assert participant.refuses(ex(rollout, 0))
+            assert not participant.refuses(ex(rollout, 1))
+    with pytest.raises(StaleAttemptError):
+        fresh.registry.start(ex("queued", 0))
+    fresh.registry.start(ex("queued", 1))
+    fresh.agent.track(ex("queued", 1))
+    with pytest.raises(StaleAttemptError):
+        fresh.agent.track(ex("cont", 0))
+    # the restored deployment checkpoints again and the continuation survives
+    plan = load_checkpoint(dep.store, fresh.coordinator.checkpoint().checkpoint_id)
+    assert plan.rollouts["cont"].disposition == "continue" and plan.rollouts["cont"].attempt == 1
+    fresh.close()
+
+
+def test_failed_restore_is_all_or_nothing(dep: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = dep.coordinator.token_source
+    _populate(dep, tokens)
+    dep.coordinator.checkpoint()
+    fresh = Deployment(dep.store, token_source=tokens)
+
+    def refuse(records: Any) -> Any:
+        raise InvalidRecordError("resources cannot decode its sessions")
+
+    monkeypatch.setattr(fresh.resources, "_validate_restore", refuse)
+    with pytest.raises(RestoreFailedError):
+        fresh.coordinator.restore()
+    assert fresh.all_open()
+    assert len(fresh.registry) == 0
+    # the new attempt the agent and model installed was retired everywhere
+    for participant in (fresh.agent, fresh.model):
+        assert participant.refuses(ex("cont", 1)) and participant.live() == {}
+    fresh.close()
+
+
+def test_restore_of_a_rejected_checkpoint_touches_nothing(dep: Deployment) -> None:
+    e = dep.resumable("r", tokens=dep.coordinator.token_source)
+    dep.agent.declare_unsafe_effect(e, "paid an invoice")
+    dep.coordinator.checkpoint()
+    fresh = Deployment(dep.store, token_source=dep.coordinator.token_source)
+    with pytest.raises(CheckpointError, match="unsafe"):
+        fresh.coordinator.restore()
+    assert fresh.all_open() and all(p.status().tombstones == 0 for p in fresh.participants)
+    fresh.close()

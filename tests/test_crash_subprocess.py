@@ -1,0 +1,82 @@
+"""Kill a real process (SIGKILL) at every step k of a checkpoint cycle, then check the store.
+
+After each kill: either the crashed cycle's checkpoint is published and fully verifies, or it
+is not published and the baseline is still latest; the completed result is never lost; and a
+fresh process restores the latest checkpoint and runs a clean cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout_checkpoint.manifests import list_published, read_latest
+from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.store import LocalStore
+
+WORKER = Path(__file__).with_name("_crash_worker.py")
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str, expect_kill: bool = False) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if expect_kill:
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stdout, proc.stderr)
+    else:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("crash")
+    baseline = root / "baseline"
+    assert json.loads(_run(str(baseline), "baseline"))["checkpoint_id"] == "ck-baseline"
+    steps = json.loads(_run(str(root / "steps"), "steps"))
+    return baseline, steps
+
+
+def test_kill_at_every_step(pristine: tuple[Path, list[str]], tmp_path: Path) -> None:
+    baseline, steps = pristine
+    assert len(steps) >= 20 and "publish" in steps
+    commit_point = steps.index("publish")
+    outcomes: dict[str, int] = {"published": 0, "not_published": 0}
+    for k in range(len(steps)):
+        root = tmp_path / f"k{k}"
+        shutil.copytree(baseline, root)
+        cid = f"ck-crash-{k}"
+        _run(str(root), "crash", str(k), cid, expect_kill=True)
+
+        store = LocalStore(root, fsync=False)
+        published = {p.checkpoint_id for p in list_published(store)}
+        pointer = read_latest(store)
+        assert pointer is not None
+        if cid in published:
+            assert k > commit_point, f"published although killed before the commit point (step {steps[k]})"
+            verify_checkpoint(store, cid)
+            outcomes["published"] += 1
+        else:
+            assert k <= commit_point, (
+                f"not published although killed after the commit point (step {steps[k]})"
+            )
+            assert pointer[0].checkpoint_id == "ck-baseline"
+            outcomes["not_published"] += 1
+        assert published <= {"ck-baseline", cid}
+        latest = load_checkpoint(store)
+        verify_checkpoint(store, latest.checkpoint_id)
+        assert latest.rollouts["done"].disposition == "completed"
+
+        summary = json.loads(_run(str(root), "recover"))
+        assert summary["clean"] and summary["open"]
+        assert summary["registry"]["done"] == [0, "handed_off"]
+        verify_checkpoint(store, summary["checkpoint_id"])
+    assert outcomes["published"] >= 3 and outcomes["not_published"] >= 20

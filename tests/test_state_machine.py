@@ -1,0 +1,255 @@
+"""A hypothesis state machine over the whole protocol with the reference participants.
+
+Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
+finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore,
+retire, forget. Invariants after every step: participants are open whenever no checkpoint is
+running; a retired attempt is refused everywhere; every published checkpoint verifies; and in
+every checkpoint completed and continued rollouts are disjoint and, with fresh dispatches,
+cover exactly the dispatched ones.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rollout_checkpoint.control import Phase
+from rollout_checkpoint.coordinator import Coordinator
+from rollout_checkpoint.errors import StaleAttemptError
+from rollout_checkpoint.ids import ExecutionId
+from rollout_checkpoint.manifests import list_published
+from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
+from rollout_checkpoint.records import AgentBoundaryRecord
+from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.registry import LiveExecutionRegistry
+from rollout_checkpoint.store import MemoryStore
+from rollout_checkpoint.tokens import ObjectStoreTokenStore
+
+ROLLOUTS = [f"r{i}" for i in range(5)]
+SESSION = "s"
+
+
+class World:
+    """One deployment: the three reference participants, a registry, a coordinator."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.tokens = ObjectStoreTokenStore(store)
+        self.agent = AgentParticipant("agent-0")
+        self.model = PolicyModelParticipant(self.tokens, "policy-0")
+        self.resources = ResourcesParticipant("res-0", mode="exported")
+        self.participants = [self.agent, self.model, self.resources]
+        self.registry = LiveExecutionRegistry()
+        self.coordinator = Coordinator(store, self.participants, self.registry, self.tokens)
+        self.turns: dict[str, int] = {}
+
+    def close(self) -> None:
+        for participant in self.participants:
+            participant.close()
+
+
+class ProtocolMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = MemoryStore(f"sm-{uuid.uuid4().hex}")
+        self.world = World(self.store)
+        self.crashed = False
+        self.retired: set[ExecutionId] = set()
+        self.calls = 0
+
+    def teardown(self) -> None:
+        self.world.close()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _entries(self, *states: str) -> list[Any]:
+        return self.world.registry.executions(states)
+
+    def _published(self) -> list[str]:
+        return [p.checkpoint_id for p in list_published(self.store)]
+
+    # -- rules --------------------------------------------------------------------------------
+    @precondition(lambda self: not self.crashed)
+    @rule(rollout=st.sampled_from(ROLLOUTS), restart_only=st.booleans())
+    def start(self, rollout: str, restart_only: bool) -> None:
+        """Dispatch (or pick up a queued fresh dispatch) and run the first turn to a boundary."""
+        world = self.world
+        if rollout in world.registry:
+            info = world.registry.get(rollout)
+            if info.state != "queued":
+                return
+            execution = info.execution
+        else:
+            execution = world.registry.dispatch(rollout, input_digest=rollout, restart_only=restart_only)
+        world.registry.start(execution)
+        world.agent.begin(execution)
+        world.resources.open_session(execution, SESSION, {"n": 0})
+        world.turns[rollout] = 0
+        self._turn(execution)
+
+    def _turn(self, execution: ExecutionId) -> None:
+        world = self.world
+        self.calls += 1
+        call_id = f"c{self.calls}"
+        with world.model.call(execution, call_id, policy_version="v1") as call:
+            call.stage(prompt_token_ids=[1, 2], generation_token_ids=[3], generation_log_probs=[-0.5])
+        revision = world.resources.mutate(execution, SESSION, lambda s: {"n": s["n"] + 1})
+        index = world.turns.get(execution.rollout_id, 0) + 1
+        world.turns[execution.rollout_id] = index
+        world.agent.boundary(
+            execution,
+            AgentBoundaryRecord(
+                rollout_id=execution.rollout_id,
+                attempt=execution.attempt,
+                boundary_index=index,
+                turn_index=index,
+                last_model_call_id=call_id,
+                resource_revisions={SESSION: revision},
+            ),
+        )
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        running = self._entries("running")
+        if not running:
+            return
+        info = data.draw(st.sampled_from(running))
+        world = self.world
+        execution = info.execution
+        if world.agent.latest_boundary(execution) is None:
+            return
+        world.agent.start_turn(execution)
+        self._turn(execution)
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        running = self._entries("running")
+        if not running:
+            return
+        execution = data.draw(st.sampled_from(running)).execution
+        world = self.world
+        world.agent.finish(execution)
+        world.model.finish(execution)
+        world.resources.end_session(execution, SESSION)
+        world.registry.finish(execution)
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data(), consume=st.booleans())
+    def hand_off(self, data: st.DataObject, consume: bool) -> None:
+        finished = self._entries("finished")
+        if not finished:
+            return
+        execution = data.draw(st.sampled_from(finished)).execution
+        self.world.registry.hand_off(execution, {"rollout": execution.rollout_id}, reward=1.0)
+        if consume:
+            self.world.registry.consume(execution)
+
+    @precondition(lambda self: not self.crashed)
+    @rule()
+    def checkpoint(self) -> None:
+        world = self.world
+        expected = {e.rollout_id: e for e in world.registry.executions()}
+        outcome = world.coordinator.checkpoint()
+        assert outcome.clean
+        plan = load_checkpoint(self.store, outcome.checkpoint_id)
+        assert set(plan.rollouts) == set(expected)
+        for rollout_id, item in plan.rollouts.items():
+            info = expected[rollout_id]
+            assert item.attempt == info.attempt
+            if info.state in ("handed_off", "consumed"):
+                assert item.disposition == "completed"
+            elif info.state == "queued" or info.restart_only:
+                assert item.disposition == "fresh_dispatch"
+            elif info.state == "running" and world.agent.latest_boundary(info.execution) is not None:
+                assert item.disposition == "continue", item.reason
+            else:
+                assert item.disposition == "fresh_dispatch", item.reason
+
+    @rule()
+    def crash(self) -> None:
+        """Every in-memory participant, the registry and the coordinator are gone."""
+        self.world.close()
+        self.world = World(self.store)
+        self.crashed = bool(self._published())
+        self.retired = set()
+
+    @precondition(lambda self: self.crashed)
+    @rule()
+    def restore(self) -> None:
+        world = self.world
+        outcome = world.coordinator.restore()
+        assert all(p.status().phase is Phase.RESTORED for p in world.participants)
+        world.coordinator.resume(outcome.restore_id)
+        self.crashed = False
+        for item in outcome.plan.rollouts.values():
+            if item.disposition != "completed":
+                self.retired.add(item.execution)
+            if item.disposition == "continue":
+                nxt = item.execution.next_attempt()
+                boundary = world.agent.begin(nxt)
+                assert boundary is not None and boundary.attempt == nxt.attempt
+                world.turns[item.rollout_id] = boundary.boundary_index
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data())
+    def retire(self, data: st.DataObject) -> None:
+        live = self._entries("queued", "running", "finished")
+        if not live:
+            return
+        execution = data.draw(st.sampled_from(live)).execution
+        self.world.coordinator.retire([execution])
+        self.retired.add(execution)
+
+    @precondition(lambda self: not self.crashed)
+    @rule(rollout=st.sampled_from(ROLLOUTS))
+    def forget(self, rollout: str) -> None:
+        registry = self.world.registry
+        if rollout in registry and registry.get(rollout).state != "consumed":
+            return  # only rollouts that are done for good (or only retired) are forgotten
+        self.world.coordinator.forget([rollout])
+        self.retired = {e for e in self.retired if e.rollout_id != rollout}
+
+    # -- invariants ---------------------------------------------------------------------------------
+    @invariant()
+    def participants_open_when_no_checkpoint_runs(self) -> None:
+        for participant in self.world.participants:
+            status = participant.status()
+            assert status.accepting and status.phase is Phase.IDLE, status
+
+    @invariant()
+    def retired_attempts_are_refused_everywhere(self) -> None:
+        world = self.world
+        for execution in self.retired:
+            for participant in world.participants:
+                assert participant.fence.is_retired(execution), (participant.kind, execution)
+            try:
+                world.registry.check(execution)
+            except StaleAttemptError:
+                pass
+            else:
+                raise AssertionError(f"registry accepts retired {execution}")
+
+    @invariant()
+    def every_published_checkpoint_verifies(self) -> None:
+        for cid in self._published():
+            report = verify_checkpoint(self.store, cid)
+            plan = load_checkpoint(self.store, cid)
+            completed = {p.rollout_id for p in plan.completed}
+            continued = {p.rollout_id for p in plan.continued}
+            fresh = {p.rollout_id for p in plan.fresh}
+            assert not completed & continued
+            assert completed | continued | fresh == set(plan.rollouts)
+            assert sum(report.counts.values()) == len(plan.rollouts)
+
+
+ProtocolMachine.TestCase.settings = settings(
+    max_examples=25,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestProtocol = ProtocolMachine.TestCase
