@@ -5,8 +5,11 @@
         [--skip-rss] [--naive-records N] [--json]
 
 1. SDK writer MB/s of record payload vs a ceiling measured in the same run on the same store:
-   the same records prebuilt into one Arrow table and written with ``pyarrow.parquet.write_table``
-   (zstd level 1) plus one ``store.put``. Median over ``--runs``; goal ratio >= 0.6.
+   the same records built into one Arrow table in memory and written with
+   ``pyarrow.parquet.write_table`` (zstd level 1) plus one ``store.put`` (``ceiling_mb_s``, the
+   issue's definition: build + write). The write alone, from a prebuilt table, is reported too
+   (``ceiling_write_only_mb_s``, ``ratio_to_write_only``): a harder bound. Median over ``--runs``;
+   goal ratio >= 0.6.
 2. The SDK vs one object per record for ``--naive-records`` records (``store.put`` per record;
    on S3 s3fs's concurrent batch upload ``fs.pipe({path: bytes})``): seconds, speedup, objects
    the SDK created.
@@ -190,7 +193,6 @@ def main() -> None:
     data = list(payloads(args.records, args.record_bytes))
     rids, keys = ids_for(args.records)
     payload_mb = sum(len(d) for d in data) / 1e6
-    table = ceiling_table(data, rids, keys)
     result: dict[str, Any] = {
         "store": store.url,
         "records": args.records,
@@ -203,22 +205,33 @@ def main() -> None:
 
     # 1. writer vs ceiling, interleaved so drift on a shared host hits both alike
     writer_s: list[float] = []
-    ceiling_s: list[float] = []
+    ceiling_s: list[float] = []  # build the table + write it
+    write_only_s: list[float] = []  # write a prebuilt table
     for run in range(args.runs):
         prefix = component_prefix(checkpoint, "agent", f"run{run}")
         writer_s.append(write_sdk(store, prefix, data, rids, keys, target))
-        ceiling_s.append(write_ceiling(store, f"bench-ceiling/{run_id}-{run}.parquet", table))
+        built = time.perf_counter()
+        table = ceiling_table(data, rids, keys)
+        build_s = time.perf_counter() - built
+        write_only_s.append(write_ceiling(store, f"bench-ceiling/{run_id}-{run}.parquet", table))
+        ceiling_s.append(build_s + write_only_s[-1])
         store.delete(f"bench-ceiling/{run_id}-{run}.parquet")
+        del table
         w_mb, c_mb = payload_mb / writer_s[-1], payload_mb / ceiling_s[-1]
-        log(f"run {run}: writer {w_mb:.0f} MB/s, ceiling {c_mb:.0f} MB/s")
+        log(
+            f"run {run}: writer {w_mb:.0f} MB/s, ceiling {c_mb:.0f} MB/s "
+            f"(write only {payload_mb / write_only_s[-1]:.0f} MB/s)"
+        )
     ratios = [c / w for w, c in zip(writer_s, ceiling_s, strict=True)]
+    write_only_ratios = [c / w for w, c in zip(writer_s, write_only_s, strict=True)]
     result.update(
         writer_mb_s=round(payload_mb / median(writer_s), 1),
         ceiling_mb_s=round(payload_mb / median(ceiling_s), 1),
         ratio_to_ceiling=round(median(ratios), 3),
         ratio_per_run=[round(r, 3) for r in ratios],
+        ceiling_write_only_mb_s=round(payload_mb / median(write_only_s), 1),
+        ratio_to_write_only=round(median(write_only_ratios), 3),
     )
-    del table
 
     # 2. SDK vs one object per record
     result.update(naive_s=None, sdk_s=None, speedup_vs_naive=None, objects_created=None, shards=None)

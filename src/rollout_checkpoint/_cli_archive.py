@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
@@ -18,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ._cli_common import console as _console
+from ._cli_common import fail as _fail
 from .archive import ArchiveReader, component_prefixes
 from .errors import CheckpointError, StoreError
 from .layout import MANIFEST_NAME
@@ -222,20 +223,6 @@ def _render_inspect(report: dict[str, Any], console: Console) -> None:
         console.print(table)
     if not report["components"] and not report["other_objects"]:
         console.print("nothing stored here")
-
-
-def _console(stderr: bool = False) -> Console:
-    # Rich assumes 80 columns when output is not a terminal; keys are long, don't fold them there.
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
-
-
-def _fail(exc: CheckpointError, as_json: bool) -> typer.Exit:
-    if as_json:
-        print(json.dumps({"ok": False, "error": exc.to_dict()}))
-    else:
-        _console(stderr=True).print(f"[red]error[/] ({exc.code}): {exc.message}")
-    return typer.Exit(1)
 
 
 UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]

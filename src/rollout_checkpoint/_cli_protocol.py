@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ._cli_archive import Finding, open_cli_store, register_verifier
+from ._cli_common import console as _console
+from ._cli_common import fail as _fail
 from .coordinator import CheckpointOutcome, Coordinator, RestoreOutcome
 from .errors import CheckpointError
 from .ids import ExecutionId
@@ -161,21 +163,6 @@ class DemoDeployment:
 
 
 # -- rendering helpers ---------------------------------------------------------------------------
-
-
-def _console(stderr: bool = False) -> Console:
-    import sys
-
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
-
-
-def _fail(exc: CheckpointError, as_json: bool) -> typer.Exit:
-    if as_json:
-        print(json.dumps({"ok": False, "error": exc.to_dict()}))
-    else:
-        _console(stderr=True).print(f"[red]error[/] ({exc.code}): {exc.message}")
-    return typer.Exit(1)
 
 
 def _open(url: str, endpoint_url: str | None) -> ObjectStore:
