@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import random
+import tracemalloc
 import uuid
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -30,6 +33,7 @@ from rollout_checkpoint.errors import (
     ManifestConflictError,
     ObjectNotFoundError,
     StoreError,
+    TransientStoreError,
     UnsupportedSchemaError,
 )
 from rollout_checkpoint.records import (
@@ -42,7 +46,7 @@ from rollout_checkpoint.records import (
     ResourceSnapshotRecord,
     TokenStoreReceipt,
 )
-from rollout_checkpoint.store import MemoryStore, ObjectInfo, ObjectStore
+from rollout_checkpoint.store import CountingStore, MemoryStore, ObjectInfo, ObjectStore, PutResult
 
 PREFIX = "checkpoints/ck-1/components/agent/a0"
 
@@ -131,6 +135,11 @@ def _round_trip(store: ObjectStore) -> None:
     assert len(manifest.shards) > 1
     assert manifest.record_counts == {k: 50 for k in {r.kind for r in records}}
     assert manifest.extra == {"executions": [["r1", 0]]}
+    assert (manifest.checkpoint_id, manifest.participant_kind, manifest.instance) == ("ck-1", "agent", "a0")
+    # the manifest's own digests (never ETags) describe the stored bytes exactly
+    for entry in [*manifest.shards, manifest.index]:
+        data = store.get(f"{PREFIX}/{entry.key}")
+        assert (entry.bytes, entry.sha256) == (len(data), hashlib.sha256(data).hexdigest())
 
     reader = ArchiveReader.open(store, PREFIX, expected_sha256=writer.manifest_ref.sha256)
     assert reader.manifest == manifest
@@ -220,16 +229,30 @@ def test_lookup_is_index_plus_one_ranged_read() -> None:
     store = CountingReads()
     records = make_records(400)
     _, manifest = write_archive(store, records, target_shard_bytes=16 << 10, row_group_rows=20)
-    reader = ArchiveReader.open(store, PREFIX)
+    counting = CountingStore(store)  # counts every operation, open_read and stat included
+    reader = ArchiveReader.open(counting, PREFIX)
     store.gets.clear()
+    counting.reset()
     sample = random.Random(3).sample(records, 25)
     for rec in sample:
         assert reader.get(*ident(rec)) == rec
     # the index once (then cached), and one ranged read per lookup, never a whole shard
     assert store.gets == [f"{PREFIX}/{manifest.index.key}"]
     assert len(store.ranges) == len(sample)
+    assert dict(counting.requests) == {"get": 1, "get_range": len(sample)}
     biggest = max(s.bytes for s in manifest.shards)
     assert all(end - start < biggest for _, start, end in store.ranges)
+    # each ranged read is exactly the member's row group, as the index records it
+    members = {(m.kind, m.rollout_id, m.attempt, m.key): m for m in reader.members()}
+    spans = reader._member_index().spans
+    for rec, (key, start, end) in zip(sample, store.ranges, strict=True):
+        m = members[ident(rec)]
+        span = spans[m.shard][m.row_group]
+        assert (key, start, end) == (
+            f"{PREFIX}/{manifest.shards[m.shard].key}",
+            span.offset,
+            span.offset + span.length,
+        )
 
 
 def test_get_missing_member(memory_store: MemoryStore) -> None:
@@ -304,8 +327,11 @@ def test_second_writer_conflicts(memory_store: MemoryStore) -> None:
     with pytest.raises(ManifestConflictError) as info:
         second.commit()
     assert info.value.code == "manifest_conflict" and "manifest.json" in info.value.message
-    # the first archive is untouched
-    assert ArchiveReader.open(memory_store, PREFIX).manifest_ref == first.manifest_ref
+    # the first archive is untouched: its manifest and every object it references
+    reader = ArchiveReader.open(memory_store, PREFIX)
+    assert reader.manifest_ref == first.manifest_ref
+    reader.verify()
+    assert list(reader.iter_records()) == make_records(6)
 
 
 class FlakyPuts(MemoryStore):
@@ -571,3 +597,171 @@ def test_shards_are_plain_parquet_for_pyarrow_dataset(local_store: ObjectStore) 
     # and the member index is plain Parquet too
     index = pq.read_table(root / manifest.index.key)
     assert index.num_rows == len(records) and index.schema.field("shard").type == pa.int32()
+
+
+# -- upload order, object count, streaming verification, memory -----------------------------------
+
+
+class RecordingStore(MemoryStore):
+    """Logs every write as (operation, key); optionally loses the answer of the first manifest put."""
+
+    def __init__(self, lose_manifest_answer: bool = False) -> None:
+        super().__init__(f"rec-{uuid.uuid4().hex}")
+        self.writes: list[tuple[str, str]] = []
+        self.lose_manifest_answer = lose_manifest_answer
+
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        self.writes.append(("put", key))
+        return super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> PutResult:
+        self.writes.append(("put_if_absent", key))
+        result = super().put_if_absent(key, data)
+        if self.lose_manifest_answer:
+            self.lose_manifest_answer = False
+            raise TransientStoreError("the put landed but its answer was lost", key=key)
+        return result
+
+    def delete(self, key: str) -> None:
+        self.writes.append(("delete", key))
+        super().delete(key)
+
+
+def test_shards_then_index_then_manifest_last_each_written_once() -> None:
+    store = RecordingStore()
+    writer, manifest = write_archive(store, make_records(300), target_shard_bytes=16 << 10)
+    shard_keys = [f"{PREFIX}/{s.key}" for s in manifest.shards]
+    assert len(shard_keys) > 2
+    # one whole-object put per shard under its unique final name (no temp-then-rename, no
+    # overwrite, no delete), then the index, then the create-only manifest: the commit point
+    assert store.writes == [
+        *(("put", k) for k in shard_keys),
+        ("put", f"{PREFIX}/{manifest.index.key}"),
+        ("put_if_absent", writer.manifest_key),
+    ]
+    assert all(writer.writer_id in k for k in shard_keys)
+    assert len(store.list(PREFIX)) == len(manifest.shards) + 2
+    # shards are zstd-compressed Parquet
+    pf = pq.ParquetFile(io.BytesIO(store.get(shard_keys[0])))
+    rg = pf.metadata.row_group(0)
+    assert {rg.column(c).compression for c in range(rg.num_columns)} == {"ZSTD"}
+
+
+def test_commit_whose_manifest_answer_was_lost_is_idempotent() -> None:
+    store = RecordingStore(lose_manifest_answer=True)
+    records = make_records(40)
+    writer = ArchiveWriter(store, PREFIX, checkpoint_id="ck-1", participant_kind="agent", instance="a0")
+    for rec in records:
+        writer.write(rec)
+    with pytest.raises(TransientStoreError):
+        writer.commit(extra={"k": 1})
+    manifest_bytes = store.get(writer.manifest_key)  # the first put landed
+    manifest = writer.commit(extra={"k": 1})  # the retry resends the same bytes: success
+    assert store.get(writer.manifest_key) == manifest_bytes
+    assert writer.manifest_ref == ManifestRef.of(writer.manifest_key, manifest_bytes)
+    assert manifest == parse_component_manifest(manifest_bytes)
+    assert [op for op, _ in store.writes].count("put_if_absent") == 2
+    reader = ArchiveReader.open(store, PREFIX, expected_sha256=writer.manifest_ref.sha256)
+    reader.verify()
+    assert list(reader.iter_records()) == records
+
+
+class ChunkSpy(MemoryStore):
+    """Records the size of every read made on ``open_read`` files, and forbids whole-object
+    ``get`` of shards (verify must stream them)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"spy-{uuid.uuid4().hex}")
+        self.read_sizes: list[int] = []
+        self.opened: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        if "/shards/" in key and getattr(self, "forbid_shard_get", False):
+            raise AssertionError(f"whole-object get of shard {key}")
+        return super().get(key)
+
+    def open_read(self, key: str) -> BinaryIO:
+        self.opened.append(key)
+        raw = super().open_read(key)
+        spy = self
+
+        class Spy(io.RawIOBase):
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, buffer: Any) -> int:
+                data = raw.read(len(buffer))
+                spy.read_sizes.append(len(data))
+                buffer[: len(data)] = data
+                return len(data)
+
+            def close(self) -> None:
+                raw.close()
+                super().close()
+
+        return Spy()  # type: ignore[return-value]
+
+
+def test_verify_streams_shards_in_bounded_chunks() -> None:
+    store = ChunkSpy()
+    rng = random.Random(7)
+    writer = ArchiveWriter(
+        store, PREFIX, checkpoint_id="c", participant_kind="agent", instance="i", target_shard_bytes=8 << 20
+    )
+    for i in range(5):
+        writer.write_raw("blob", f"r{i}", 0, "k", rng.randbytes(600 << 10))  # incompressible
+    manifest = writer.commit()
+    (shard,) = manifest.shards
+    assert shard.bytes > 2 << 20  # several chunks' worth
+    store.forbid_shard_get = True  # type: ignore[attr-defined]
+    ArchiveReader.open(store, PREFIX).verify()
+    assert store.opened == [f"{PREFIX}/{shard.key}"]
+    assert sum(store.read_sizes) == shard.bytes
+    assert max(store.read_sizes) <= 1 << 20  # never more than one 1 MiB chunk at a time
+
+
+class DiscardingStore(MemoryStore):
+    """Keeps uploaded shards as empty objects, so only the writer's own memory is measured."""
+
+    def __init__(self) -> None:
+        super().__init__(f"discard-{uuid.uuid4().hex}")
+
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        super().put(key, b"")
+        return ObjectInfo(key=key, size=len(data), version="v")
+
+
+def _writer_peak_bytes(records: int, payload_bytes: int, target: int) -> int:
+    """Peak of Python (tracemalloc) plus Arrow-pool memory while writing ``records`` members."""
+    writer = ArchiveWriter(
+        DiscardingStore(),
+        "p",
+        checkpoint_id="c",
+        participant_kind="a",
+        instance="i",
+        target_shard_bytes=target,
+    )
+    source = random.Random(11).randbytes(1 << 16)  # incompressible payload bytes
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
+        peak = 0
+        for i in range(records):
+            off = (i * 7919) % (len(source) - payload_bytes)
+            writer.write_raw("blob", f"r{i}", 0, "k", source[off : off + payload_bytes])
+            if i % 25 == 0:
+                peak = max(peak, tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes() - base)
+        writer.commit()
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+def test_writer_memory_does_not_grow_with_payload_volume() -> None:
+    # Same number of members, 40x the payload bytes: the per-member index state is the same in
+    # both runs, so any difference is payload the writer holds. It must stay within a small
+    # multiple of the target shard size (a writer keeping uploaded shards would hold ~16 MiB more).
+    target = 256 << 10
+    small = _writer_peak_bytes(4000, 100, target)
+    large = _writer_peak_bytes(4000, 4000, target)
+    assert large - small <= 4 * target, (small, large)

@@ -198,3 +198,51 @@ def test_s3_inspect_and_verify_subprocess(s3_url: str, s3_endpoint: str) -> None
     store.delete(keys["agent_shard"])
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and keys["agent_shard"] in bad.stderr and "missing" in bad.stderr
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_s3_verify_names_altered_or_truncated_shard(
+    runner: CliRunner, s3_url: str, s3_endpoint: str, damage: str
+) -> None:
+    store = open_store(s3_url, endpoint_url=s3_endpoint)
+    _, manifest = write_archive(store, make_records(60), target_shard_bytes=4 << 10)
+    key = f"{PREFIX}/{manifest.shards[1].key}"
+    data = store.get(key)
+    store.put(key, data[:50] + bytes([data[50] ^ 0x01]) + data[51:] if damage == "flip" else data[:-9])
+    problem = "altered" if damage == "flip" else "truncated"
+    result = runner.invoke(app, ["verify", s3_url, "--endpoint-url", s3_endpoint])
+    assert result.exit_code == 1
+    assert key in result.stderr and problem in result.stderr
+    as_json = runner.invoke(app, ["verify", s3_url, "--endpoint-url", s3_endpoint, "--json"])
+    bad = [f for f in json.loads(as_json.stdout)["findings"] if not f["ok"]]
+    assert as_json.exit_code == 1 and [(f["subject"], f["details"]["problem"]) for f in bad] == [
+        (key, problem)
+    ]
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "file://", "local://"])
+def test_garbage_urls_fail_cleanly_and_create_nothing(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for command in ("inspect", "verify"):
+        result = runner.invoke(app, [command, url, "--json"])
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        error = json.loads(result.stdout)["error"]
+        assert error["code"] == "store_error" and error["message"]
+    assert list(tmp_path.iterdir()) == []  # no directory named "s3:" or "file:" appeared
+
+
+def test_inspect_memory_root_reports_empty(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["inspect", "memory://", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["url"] == "memory://"
+
+
+def test_verify_a_file_instead_of_a_directory(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "latest.json"
+    path.write_text("{}")
+    result = runner.invoke(app, ["verify", str(path)])
+    assert result.exit_code == 1 and "no such directory" in result.stderr and "store_error" in result.stderr
+    assert path.read_text() == "{}"

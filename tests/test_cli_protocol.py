@@ -10,7 +10,9 @@ from typer.testing import CliRunner
 from _protocol_fakes import Deployment
 from rollout_checkpoint import layout
 from rollout_checkpoint.cli import app
+from rollout_checkpoint.recovery import load_checkpoint
 from rollout_checkpoint.store import LocalStore
+from rollout_checkpoint.store._counting import CountingStore
 
 runner = CliRunner()
 
@@ -45,6 +47,11 @@ def test_demo_then_list_classify_verify(tmp_path: Path) -> None:
     table = runner.invoke(app, ["classify", str(target), "--checkpoint", str(demo["checkpoint_id"])])
     assert table.exit_code == 0 and "fresh_dispatch" in table.stdout and "no shard payload" in table.stdout
 
+    # the plan of the reference participants' checkpoint was read from indexes, not payloads
+    counting = CountingStore(LocalStore(target))
+    assert load_checkpoint(counting).counts() == demo["counts"]
+    assert counting.keys_read and not [k for k in counting.keys_read if "/shards/" in k]
+
     verified = runner.invoke(app, ["verify", str(target), "--json"])
     assert verified.exit_code == 0, verified.output
     findings = _json(verified.stdout)["findings"]
@@ -77,6 +84,10 @@ def test_classify_exits_1_with_the_reason(tmp_path: Path) -> None:
     assert "charged a credit card" in error["message"]
     text = runner.invoke(app, ["classify", str(tmp_path / "s")])
     assert text.exit_code == 1 and "unsafe external effect" in text.output
+
+    # a mistyped id is an invalid id, not a rejected checkpoint
+    typo = runner.invoke(app, ["classify", str(tmp_path / "s"), "--checkpoint", "../x", "--json"])
+    assert typo.exit_code == 1 and _json(typo.stdout)["error"]["code"] == "invalid_id"  # type: ignore[index]
 
     # verify reports the same published checkpoint as a failure
     verified = runner.invoke(app, ["verify", str(tmp_path / "s"), "--json"])

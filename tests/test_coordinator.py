@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import fsspec
@@ -13,7 +13,7 @@ import pytest
 
 from _protocol_fakes import Deployment, FakeTokens, ScriptedParticipant, ex
 from rollout_checkpoint import layout
-from rollout_checkpoint.control import ParticipantControl
+from rollout_checkpoint.control import ParticipantControl, Phase
 from rollout_checkpoint.coordinator import (
     CheckpointCancelledError,
     CheckpointNotReadyError,
@@ -30,10 +30,15 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
     StaleCheckpointError,
 )
+from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.manifests import list_published, read_latest
+from rollout_checkpoint.participant import Participant
+from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
+from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import FsspecStore, MemoryStore, ObjectStore
+from rollout_checkpoint.tokens import ObjectStoreTokenStore
 
 
 class InjectedFault(RuntimeError):
@@ -411,3 +416,159 @@ def test_restore_of_a_rejected_checkpoint_touches_nothing(dep: Deployment) -> No
         fresh.coordinator.restore()
     assert fresh.all_open() and all(p.status().tombstones == 0 for p in fresh.participants)
     fresh.close()
+
+
+# -- the same guarantees with the reference participants (no scripted fakes) ------------------------
+
+
+class RealWorld:
+    """One process: the three reference participants, a registry, the reference token store."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.tokens = ObjectStoreTokenStore(store)
+        self.agent = AgentParticipant("agent-0")
+        self.model = PolicyModelParticipant(self.tokens, "policy-0")
+        self.resources = ResourcesParticipant("res-0", mode="exported")
+        self.participants: list[Participant] = [self.agent, self.model, self.resources]
+        self.registry = LiveExecutionRegistry()
+        self.coordinator = Coordinator(store, self.participants, self.registry, self.tokens)
+
+    def close(self) -> None:
+        for participant in self.participants:
+            participant.close()
+
+    def turn(self, execution: ExecutionId, call_id: str, index: int) -> None:
+        with self.model.call(execution, call_id, policy_version="v1") as call:
+            call.stage(prompt_token_ids=[1, 2], generation_token_ids=[3], generation_log_probs=[-0.5])
+        revision = self.resources.mutate(execution, "s", lambda s: {"n": s["n"] + 1})
+        self.agent.boundary(
+            execution,
+            AgentBoundaryRecord(
+                rollout_id=execution.rollout_id,
+                attempt=execution.attempt,
+                boundary_index=index,
+                turn_index=index,
+                last_model_call_id=call_id,
+                resource_revisions={"s": revision},
+            ),
+        )
+
+    def start(self, rollout_id: str) -> ExecutionId:
+        execution = self.registry.dispatch(rollout_id, input_digest=rollout_id)
+        self.registry.start(execution)
+        self.agent.begin(execution)
+        self.resources.open_session(execution, "s", {"n": 0})
+        return execution
+
+    def refused_everywhere(self, execution: ExecutionId) -> None:
+        """Every public entry point of every participant (and the registry) answers stale_attempt
+        for ``execution`` and changes nothing."""
+        before = [p.status() for p in self.participants]
+        attempts: list[Callable[[], object]] = [
+            lambda: self.agent.begin(execution),
+            lambda: self.agent.start_turn(execution),
+            lambda: self.agent.finish(execution),
+            lambda: self.model.admit(execution, "late-call", policy_version="v1"),
+            lambda: self.resources.open_session(execution, "late", {"n": 0}),
+            lambda: self.resources.mutate(execution, "s", lambda s: s),
+            lambda: self.resources.end_session(execution, "s"),
+            lambda: self.registry.check(execution),
+        ]
+        attempts += [
+            (lambda p=p: p.declare_unsafe_effect(execution, "late effect")) for p in self.participants
+        ]
+        for attempt in attempts:
+            with pytest.raises(StaleAttemptError) as info:
+                attempt()
+            assert info.value.code == "stale_attempt"
+        assert [p.status() for p in self.participants] == before
+
+
+def test_reference_participants_fence_restored_attempts_and_keep_tombstones_across_restores() -> None:
+    store = _fresh_store()
+    first = RealWorld(store)
+    cont = first.start("cont")
+    first.turn(cont, "c1", 1)
+    gone = first.start("gone")
+    first.coordinator.retire([gone])  # retired before the checkpoint: its tombstone is committed
+    done = first.start("done")
+    first.agent.finish(done)
+    first.resources.end_session(done, "s")
+    first.registry.finish(done)
+    first.registry.hand_off(done, {"answer": 1}, reward=1.0)
+    c1 = first.coordinator.checkpoint().checkpoint_id
+    first.close()  # the crash
+
+    second = RealWorld(store)
+    restored = second.coordinator.restore()
+    assert restored.source_checkpoint_id == c1
+    assert {p.rollout_id: p.disposition for p in restored.plan.rollouts.values()} == {
+        "cont": "continue",
+        "done": "completed",
+    }
+    # paused until resume: new work is refused with admission_closed, not silently admitted
+    with pytest.raises(CheckpointError) as info:
+        second.agent.begin(ex("cont", 1))
+    assert info.value.code == "admission_closed"
+    second.coordinator.resume(restored.restore_id)
+    for stale in (cont, gone):
+        second.refused_everywhere(stale)
+    # a late retire from the dead attempt changes nothing either
+    second.coordinator.retire([cont])
+    assert second.agent.status().live == second.model.status().live == second.resources.status().live == 1
+    # the replacement continues where attempt 0 stopped, in every participant
+    nxt = ex("cont", 1)
+    boundary = second.agent.begin(nxt)
+    assert boundary is not None and boundary.boundary_index == 1 and boundary.resource_revisions == {"s": 1}
+    assert second.resources.state(nxt, "s") == ({"n": 1}, 1)
+    second.agent.start_turn(nxt)
+    second.turn(nxt, "c2", 2)
+    assert [(c.call_id, c.parent_call_id) for c in second.model.lineage(nxt)][-1] == ("c2", "c1")
+    c2 = second.coordinator.checkpoint().checkpoint_id
+    second.close()  # the second crash
+
+    third = RealWorld(store)
+    again = third.coordinator.restore()
+    assert again.source_checkpoint_id == c2 and again.plan.rollouts["cont"].disposition == "continue"
+    third.coordinator.resume(again.restore_id)
+    for stale in (ex("cont", 0), ex("cont", 1), gone):  # committed tombstones survived both restores
+        third.refused_everywhere(stale)
+    assert third.agent.begin(ex("cont", 2)) is not None
+    # forget drops the tombstone everywhere: the rollout id may be used from attempt 0 again
+    third.coordinator.forget(["gone"])
+    for participant in third.participants:
+        assert "gone" not in participant.fence
+    third.agent.begin(gone)
+    third.resources.open_session(gone, "s", {"n": 0})
+    third.model.admit(gone, "g1", policy_version="v1").close()
+    third.close()
+
+
+def test_failed_restore_with_reference_participants_is_rolled_back() -> None:
+    store = _fresh_store()
+    first = RealWorld(store)
+    cont = first.start("cont")
+    first.turn(cont, "c1", 1)
+    cid = first.coordinator.checkpoint().checkpoint_id
+    first.close()
+    # damage the resources payload: classification (indexes only) still accepts the checkpoint,
+    # the resources participant's restore (which checks every shard digest) refuses it
+    [shard] = [i.key for i in store.list(layout.component_prefix(cid, "resources", "res-0") + "/shards/")]
+    data = bytearray(store.get(shard))
+    data[len(data) // 2] ^= 0xFF
+    store.put(shard, bytes(data))
+    assert load_checkpoint(store, cid).rollouts["cont"].disposition == "continue"
+
+    second = RealWorld(store)
+    with pytest.raises(RestoreFailedError) as info:
+        second.coordinator.restore()
+    assert info.value.code == "restore_failed" and info.value.details["cause"] == "integrity_error"
+    # nothing stays installed, everything is open, the new attempt is retired everywhere
+    for participant in second.participants:
+        status = participant.status()
+        assert (status.phase, status.accepting, status.live) == (Phase.IDLE, True, 0), status
+        assert participant.fence.is_retired(ex("cont", 1))
+    assert len(second.registry) == 0
+    with pytest.raises(StaleAttemptError):
+        second.agent.begin(ex("cont", 1))
+    second.close()

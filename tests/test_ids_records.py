@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -131,3 +132,47 @@ def test_opaque_bytes_survive_json(state: bytes, session: str) -> None:
         rollout_id="r", attempt=0, session_id=session, revision=0, codec="raw", state=state
     )
     assert decode_record(rec.kind, rec.to_payload()).state == state  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("version", ['"2"', "2.0", str(RECORD_SCHEMA_VERSION + 7)])
+def test_newer_schema_refused_whatever_its_json_type(version: str) -> None:
+    # pydantic's lax mode would turn "2" or 2.0 into 2: a newer record must not slip through
+    payload = '{"rollout_id": "r", "attempt": 0, "state": "queued", "schema_version": ' + version + "}"
+    with pytest.raises(UnsupportedSchemaError):
+        decode_record("dispatch", payload)
+
+
+def test_records_are_json_never_pickles() -> None:
+    import ast
+    from pathlib import Path
+
+    import rollout_checkpoint
+
+    for record in _samples():
+        payload = record.to_payload()
+        assert isinstance(json.loads(payload), dict)  # plain JSON; bytes fields as base64 text
+        assert not payload.startswith(b"\x80")  # no pickle protocol header
+    boundary = _samples()[0]
+    assert base64.b64decode(json.loads(boundary.to_payload())["agent_state"]) == boundary.agent_state
+    # arbitrary Python objects are refused, not serialised some other way
+    with pytest.raises(ValueError):
+        AgentBoundaryRecord(
+            rollout_id="r", attempt=0, boundary_index=0, turn_index=0, output_items=[object()]
+        )
+    with pytest.raises(ValueError):
+        ResourceSnapshotRecord(
+            rollout_id="r", attempt=0, session_id="s", revision=0, codec="c", state=object()
+        )
+    # and nothing in the package can unpickle
+    banned = {"pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+    src = Path(rollout_checkpoint.__file__).parent
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not {n.split(".")[0] for n in names} & banned, path

@@ -539,3 +539,22 @@ def test_invalid_ids_are_refused(agent: AgentParticipant, store: MemoryStore) ->
         agent.forget([".."])
     with pytest.raises(InvalidPhaseError):
         agent.commit("c1", store, soon())
+
+
+def test_new_work_waits_a_bounded_time_for_admission(agent: AgentParticipant) -> None:
+    """``wait`` bounds how long new work parks behind a checkpoint; it never blocks forever, and
+    parked work is admitted as soon as the checkpoint resumes."""
+    at_boundary(agent, ex("r1"))
+    agent.prepare("c1", soon())
+    with pytest.raises(AdmissionClosedError) as info:
+        agent.begin(ex("r2"), wait=0.05)
+    assert info.value.code == "admission_closed" and info.value.details["checkpoint_id"] == "c1"
+    assert code_of(lambda: agent.start_turn(ex("r1"), wait=0.05)) == "admission_closed"
+    assert agent.status().live == 1  # the refused begin registered nothing
+    admitted: list[object] = []
+    parked = threading.Thread(target=lambda: admitted.append(agent.begin(ex("r2"), wait=60)))
+    parked.start()
+    agent.resume("c1", soon())
+    parked.join(timeout=60)
+    assert not parked.is_alive() and admitted == [None]
+    assert agent.status().live == 2

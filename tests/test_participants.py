@@ -569,3 +569,47 @@ def test_unsafe_effect_declared_by_a_participant_reaches_the_manifest(store: Mem
     assert extra["unsafe_effects"] == [
         {"rollout_id": "r1", "attempt": 0, "description": "POST https://payments.example/charge"}
     ]
+
+
+def test_runs_ending_during_a_waiting_prepare_and_a_failed_verification(store: MemoryStore) -> None:
+    """While prepare waits: one rollout's verification passes (terminal: agent finishes, session
+    ends) and unblocks it; another's verification fails (its session is kept). Only the second is
+    exported, and it restores with its state so the verification can be retried."""
+    agent = AgentParticipant("a1")
+    env = ResourcesParticipant("env", mode="exported")
+    passed, failed = ex("passed"), ex("failed")
+    for execution in (passed, failed):
+        agent.begin(execution)
+        env.open_session(execution, "s", {"answer": None})
+    env.mutate(failed, "s", lambda s: {"answer": "wrong"})
+    agent.boundary(failed, boundary(failed, 0))  # failed waits at a boundary to retry verification
+    # `passed` is still in its last turn: it blocks the agent's prepare
+    assert env.prepare("c1", soon()).ready
+    answers: list[Any] = []
+    waiter = threading.Thread(target=lambda: answers.append(agent.prepare("c1", soon(60))))
+    waiter.start()
+    with agent._cond:
+        assert agent._cond.wait_for(lambda: agent._active == "c1", timeout=30)
+    # verification while admission is closed: reading state and ending sessions are allowed
+    assert env.state(failed, "s") == ({"answer": "wrong"}, 1)  # judged wrong: kept for a retry
+    assert env.state(passed, "s")[1] == 0
+    env.end_session(passed, "s")  # judged right: terminal
+    agent.finish(passed)  # terminal: no longer blocks
+    waiter.join(timeout=30)
+    assert not waiter.is_alive() and answers[0].ready and answers[0].counts["runs"] == 1
+    agent_reply = agent.commit("c1", store, soon())
+    env_reply = env.commit("c1", store, soon())
+    assert agent_reply.executions == env_reply.executions == (failed,)
+    [snap] = records_of(store, env_reply)
+    assert isinstance(snap, ResourceSnapshotRecord) and (snap.rollout_id, snap.revision) == ("failed", 1)
+    for participant in (agent, env):
+        participant.resume("c1", soon())
+        participant.close()
+
+    fresh_agent, fresh_env = AgentParticipant("a1"), ResourcesParticipant("env", mode="exported")
+    restore(fresh_agent, store, "c1")
+    restore(fresh_env, store, "c1")
+    assert fresh_agent.begin(ex("failed", 1)) == boundary(ex("failed", 1), 0)
+    assert fresh_env.state(ex("failed", 1), "s") == ({"answer": "wrong"}, 1)
+    assert code_of(lambda: fresh_env.state(ex("passed", 1), "s")) == "unknown_execution"
+    assert code_of(lambda: fresh_env.mutate(failed, "s", lambda s: s)) == "stale_attempt"

@@ -3,7 +3,8 @@
 Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
 finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore,
 retire, forget. Invariants after every step: participants are open whenever no checkpoint is
-running; a retired attempt is refused everywhere; every published checkpoint verifies; and in
+running; a retired attempt is refused everywhere (also after a restore from a checkpoint that
+committed its tombstone, until the rollout is forgotten); every published checkpoint verifies; and in
 every checkpoint completed and continued rollouts are disjoint and, with fresh dispatches,
 cover exactly the dispatched ones.
 """
@@ -58,6 +59,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.world = World(self.store)
         self.crashed = False
         self.retired: set[ExecutionId] = set()
+        # what had been retired when each checkpoint was published: its tombstones are committed
+        # and must be refused again after a restore from it, until forgotten
+        self.retired_at: dict[str, set[ExecutionId]] = {}
         self.calls = 0
 
     def teardown(self) -> None:
@@ -155,6 +159,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         expected = {e.rollout_id: e for e in world.registry.executions()}
         outcome = world.coordinator.checkpoint()
         assert outcome.clean
+        self.retired_at[outcome.checkpoint_id] = set(self.retired)
         plan = load_checkpoint(self.store, outcome.checkpoint_id)
         assert set(plan.rollouts) == set(expected)
         for rollout_id, item in plan.rollouts.items():
@@ -185,6 +190,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert all(p.status().phase is Phase.RESTORED for p in world.participants)
         world.coordinator.resume(outcome.restore_id)
         self.crashed = False
+        self.retired = set(self.retired_at[outcome.source_checkpoint_id])
         for item in outcome.plan.rollouts.values():
             if item.disposition != "completed":
                 self.retired.add(item.execution)
@@ -226,6 +232,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         for execution in self.retired:
             for participant in world.participants:
                 assert participant.fence.is_retired(execution), (participant.kind, execution)
+            # and the public entry points of every server refuse it
+            for attempt in (
+                lambda e=execution: world.agent.begin(e),
+                lambda e=execution: world.resources.open_session(e, "probe", {"n": 0}),
+                lambda e=execution: world.model.admit(e, "probe", policy_version="v1"),
+            ):
+                try:
+                    attempt()
+                except StaleAttemptError:
+                    pass
+                else:
+                    raise AssertionError(f"a participant admitted retired {execution}")
             try:
                 world.registry.check(execution)
             except StaleAttemptError:

@@ -506,3 +506,71 @@ def test_local_store_reads_never_create_the_root(tmp_path: Path) -> None:
     assert not root.exists()
     store.put("a.json", b"{}")
     assert root.is_dir() and store.get("a.json") == b"{}"
+
+
+# -- bad input on local disk: typed errors, nothing lost ---------------------------------------------
+
+
+def test_local_object_and_folder_conflicts_are_typed_and_lose_nothing(local_store: LocalStore) -> None:
+    local_store.put("a", b"object a")
+    local_store.put("d/x", b"object d/x")
+    for call in (
+        lambda: local_store.put("a/b", b"x"),
+        lambda: local_store.put_if_absent("a/b", b"x"),
+        lambda: local_store.put("d", b"x"),
+        lambda: local_store.put_if_absent("d", b"x"),
+    ):
+        with pytest.raises(StoreError) as info:
+            call()
+        assert type(info.value) is StoreError and info.value.code == "store_error"
+        assert "both an object and a folder" in info.value.message
+    with pytest.raises(ObjectNotFoundError):
+        local_store.put_if_match("a/b", b"x", "v")
+    with pytest.raises(ObjectNotFoundError):
+        local_store.put_if_match("d", b"x", "v")
+    local_store.delete("d")  # a folder is not an object: nothing happens
+    local_store.delete("a/b")  # cannot exist under an object: nothing happens
+    assert {i.key: local_store.get(i.key) for i in local_store.list()} == {
+        "a": b"object a",
+        "d/x": b"object d/x",
+    }
+    assert not [p for p in local_store.root.rglob(".rc-tmp-*")]
+
+
+@pytest.mark.parametrize("key", [".rc-lock-m", "k/.rc-lock-m", ".rc-tmp-x", "k/.rc-tmp-x.1/y"])
+def test_local_reserved_names_refused(local_store: LocalStore, key: str) -> None:
+    # A user object named like the store's lock file would be hidden from list() and deleted
+    # together with its neighbour: refused before any I/O instead.
+    for call in (
+        lambda: local_store.put(key, b"precious"),
+        lambda: local_store.put_if_absent(key, b"precious"),
+        lambda: local_store.get(key),
+        lambda: local_store.delete(key),
+    ):
+        with pytest.raises(InvalidIdentifierError):
+            call()
+    local_store.put("k/m", b"m")
+    version = local_store.stat("k/m").version
+    assert version is not None
+    local_store.put_if_match("k/m", b"m2", version)  # creates the sidecar lock file
+    local_store.delete("k/m")
+    assert local_store.list() == []
+
+
+def test_open_store_url_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for url in ("s3://", "s3:///x", "file://", "local://"):
+        with pytest.raises(StoreError):
+            open_store(url)
+    root = open_store("memory://")
+    assert isinstance(root, MemoryStore) and root.url == "memory://"
+    # options that only S3 understands are refused clearly, not with a TypeError
+    with pytest.raises(StoreError, match="endpoint_url"):
+        open_store(str(tmp_path / "l"), endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(StoreError, match="endpoint_url"):
+        open_store("memory://x", endpoint_url="http://127.0.0.1:9")
+    # retry= applies to remote requests only; the local backends accept and ignore it
+    local = open_store(str(tmp_path / "l"), retry=None, fsync=False)
+    assert isinstance(local, LocalStore) and local.fsync is False
+    assert isinstance(open_store("memory://x", retry=None), MemoryStore)
+    assert list(tmp_path.iterdir()) == []  # nothing was created by opening

@@ -58,6 +58,7 @@ class ProxyState:
     strip_headers: frozenset[str] = frozenset()
     faults: list[Fault] = field(default_factory=list)
     seen: list[tuple[str, str]] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_fault(self, method: str) -> Fault | None:
@@ -107,6 +108,8 @@ def _make_handler(state: ProxyState) -> type[BaseHTTPRequestHandler]:
 
         def _handle(self) -> None:
             body = self._body()
+            with state.lock:
+                state.authorizations.append(self.headers.get("Authorization", ""))
             fault = state.take_fault(self.command)
             if fault is not None and fault.code is not None:
                 xml = (
@@ -209,6 +212,25 @@ def test_endpoint_from_aws_endpoint_url_env(
     assert store.endpoint == s3_endpoint
     store.put("x", b"1")
     assert _boto(s3_endpoint).get_object(Bucket=s3_bucket, Key="env/x")["Body"].read() == b"1"
+
+
+def test_credentials_from_aws_env_or_storage_options(
+    s3_url: str, proxy: tuple[str, ProxyState], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    endpoint, state = proxy
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ENVKEYID123")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)  # the service-specific endpoint variable
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    store = open_store(s3_url, retry=FAST)
+    assert isinstance(store, S3Store) and store.endpoint == endpoint
+    store.put("k", b"v")
+    assert state.authorizations and "Credential=ENVKEYID123/" in state.authorizations[-1]
+    # explicit storage options win over the environment
+    state.authorizations.clear()
+    opt = open_store(s3_url, endpoint_url=endpoint, key="OPTKEYID456", secret="opt-secret", retry=FAST)
+    assert opt.get("k") == b"v"
+    assert state.authorizations and all("Credential=OPTKEYID456/" in a for a in state.authorizations)
 
 
 def test_missing_bucket_is_a_store_error(s3_endpoint: str) -> None:

@@ -69,6 +69,19 @@ class Record(BaseModel):
                 )
         return data
 
+    @model_validator(mode="after")
+    def _refuse_newer_schema_after_coercion(self) -> Record:
+        # The check above sees raw input only; pydantic's lax mode turns "2" or 2.0 into 2, which
+        # must be refused just the same.
+        if self.schema_version > RECORD_SCHEMA_VERSION:
+            raise UnsupportedSchemaError(
+                f"{type(self).__name__} has schema_version {self.schema_version}; this reader knows "
+                f"{RECORD_SCHEMA_VERSION} at most (upgrade rollout-checkpoint)",
+                schema_version=self.schema_version,
+                supported=RECORD_SCHEMA_VERSION,
+            )
+        return self
+
     @property
     def execution(self) -> ExecutionId:
         return ExecutionId(rollout_id=self.rollout_id, attempt=self.attempt)

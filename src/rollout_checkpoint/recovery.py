@@ -33,7 +33,7 @@ from .errors import (
     CheckpointRejectedError,
     InvalidRecordError,
 )
-from .ids import ExecutionId
+from .ids import ExecutionId, validate_id
 from .manifests import (
     AggregateManifest,
     ComponentRef,
@@ -335,10 +335,11 @@ def resolve_checkpoint_id(store: ObjectStore, checkpoint_id: str | None = None) 
 
     The pointer is preferred; a pointer that is missing or names an unpublished record falls
     back to the newest listed record (a crash between the commit point and the pointer move
-    leaves exactly that state).
+    leaves exactly that state). An explicit id that is not a valid id is ``invalid_id`` (a
+    typo is not a rejected checkpoint).
     """
     if checkpoint_id is not None:
-        return checkpoint_id
+        return validate_id(checkpoint_id, "checkpoint_id")
     pointer = read_latest(store)
     if pointer is not None and store.exists(layout.published_key(pointer[0].checkpoint_id)):
         return pointer[0].checkpoint_id

@@ -147,6 +147,8 @@ class MemoryStore(FsspecStore):
         fs = fsspec.filesystem("memory")
         root = "/" + root.strip("/") if root.strip("/") else ""
         super().__init__(fs, root, f"memory://{root}")
+        if not root:
+            self.url = "memory://"  # FsspecStore strips trailing "/": keep the scheme whole
 
     def _key_of(self, path: str) -> str:
         path = "/" + path.lstrip("/")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import ObjectNotFoundError, StoreError
+from ..errors import InvalidIdentifierError, ObjectNotFoundError, StoreError
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 
 __all__ = ["LocalStore"]
@@ -72,10 +72,34 @@ class LocalStore(ObjectStore):
 
     # -- paths ----------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
-        return self.root / self._check_key(key)
+        self._check_key(key)
+        for part in key.split("/"):
+            if part.startswith((_TEMP_MARK, _LOCK_MARK)):
+                # These names are the store's own temp and lock files: never listed, and a lock
+                # file is deleted with its object, so a user object there would be lost.
+                raise InvalidIdentifierError(
+                    f"object key {key!r}: names starting with {_TEMP_MARK!r} or {_LOCK_MARK!r} "
+                    "are reserved by the local store",
+                    value=key,
+                )
+        return self.root / key
+
+    def _conflict(self, key: str, exc: OSError) -> StoreError:
+        """A key that is a folder here, or lies under an object (``a`` and ``a/b`` cannot coexist)."""
+        return StoreError(
+            f"{self.url}/{key}: on local disk a key cannot be both an object and a folder "
+            f"({type(exc).__name__}: {exc.strerror or exc})",
+            key=key,
+            problem="object_folder_conflict",
+        )
+
+    def _mkdir_parent(self, key: str, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise self._conflict(key, exc) from None
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f"{_TEMP_MARK}{path.name}.{uuid.uuid4().hex}"
         try:
             with open(tmp, "xb") as fh:
@@ -95,8 +119,14 @@ class LocalStore(ObjectStore):
     # -- plain ------------------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
+        self._mkdir_parent(key, path)
         tmp = self._write_temp(path, data)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except (IsADirectoryError, NotADirectoryError) as exc:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise self._conflict(key, exc) from None
         if self.fsync:
             _fsync_dir(path.parent)
         return self.stat(key)
@@ -162,19 +192,25 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        with contextlib.suppress(FileNotFoundError):
+        if path.is_dir():
+            return  # a folder is not an object: nothing to delete
+        # NotADirectoryError: a parent is an object, so this key cannot exist either
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             path.unlink()
         lock = path.parent / f"{_LOCK_MARK}{path.name}"
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             lock.unlink()
 
     # -- conditional ---------------------------------------------------------------------------
     def put_if_absent(self, key: str, data: bytes) -> PutResult:
         path = self._path(key)
+        self._mkdir_parent(key, path)
         tmp = self._write_temp(path, data)
         try:
             os.link(tmp, path)
-        except FileExistsError:
+        except FileExistsError as exc:
+            if path.is_dir():
+                raise self._conflict(key, exc) from None
             return self._resolve_existing(key, data)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -185,7 +221,9 @@ class LocalStore(ObjectStore):
 
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            # no folder, so no object either; don't create folders for a swap that must fail
+            raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key)
         lock_path = path.parent / f"{_LOCK_MARK}{path.name}"
         with open(lock_path, "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

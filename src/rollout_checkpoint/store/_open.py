@@ -25,21 +25,38 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
         return url
     if not isinstance(url, str) or not url:
         raise StoreError("store URL must be a non-empty string", url=url)
-    protocol, _, rest = url.partition("://")
-    if not rest:
-        return LocalStore(url, **storage_options)
+    protocol, sep, rest = url.partition("://")
     protocol = protocol.lower()
-    if protocol in ("file", "local"):
-        return LocalStore(rest, **storage_options)
-    if protocol == "memory":
-        return MemoryStore(rest)
     if protocol in ("s3", "s3a"):
         from ._s3 import S3Store
 
         return S3Store.from_url(url, **storage_options)
+    # retries apply to remote requests (S3); the other backends take the option and ignore it
+    options = {k: v for k, v in storage_options.items() if k != "retry"}
+    if not sep or protocol in ("file", "local"):
+        path = rest if sep else url
+        if not path:
+            raise StoreError(f"store URL {url!r} names no directory", url=url)
+        unknown = sorted(set(options) - {"fsync"})
+        if unknown:
+            raise StoreError(
+                f"{url}: storage options {unknown} do not apply to a local directory "
+                "(only 'fsync' does; endpoint_url and credentials are for s3:// URLs)",
+                url=url,
+                options=unknown,
+            )
+        return LocalStore(path, **options)
+    if protocol == "memory":
+        if options:
+            raise StoreError(
+                f"{url}: storage options {sorted(options)} do not apply to memory://",
+                url=url,
+                options=sorted(options),
+            )
+        return MemoryStore(rest)
     try:
-        fs, root = fsspec.core.url_to_fs(url, **storage_options)
-    except (ImportError, ValueError) as exc:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError, TypeError) as exc:
         raise StoreError(f"cannot open store {url!r}: {exc}", url=url) from exc
     if isinstance(fs, DirFileSystem):
         # url_to_fs hands back the directory itself as the path, but a DirFileSystem already
