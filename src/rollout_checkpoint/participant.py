@@ -748,7 +748,7 @@ class Participant(abc.ABC):
         with self._cond:
             self._check_still_active(checkpoint_id, generation, deadline, "restore")
             before = self.fence.snapshot()
-            pass  # MUTANT
+            self.fence.load(tombstones.snapshot())
             self.fence.retire(fenced)
             try:
                 restored = sorted(install(), key=execution_key)
