@@ -587,7 +587,9 @@ class Coordinator:
                 self._undo_restore(rid, touched, continued, deadline)
                 if isinstance(exc, CheckpointError):
                     raise RestoreFailedError(
-                        f"restore {rid} of {plan.checkpoint_id} failed and was rolled back: {exc.message}",
+                        f"restore {rid} of {plan.checkpoint_id} failed and was rolled back: {exc.message}; "
+                        "the new attempts are retired here, so restart those rollouts from their input "
+                        "or restore into fresh participants",
                         restore_id=rid,
                         checkpoint_id=plan.checkpoint_id,
                         cause=exc.code,

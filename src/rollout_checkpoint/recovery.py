@@ -647,4 +647,24 @@ def verify_checkpoint(
         manifest = reader.manifest
         objects += len(manifest.shards) + 2
         total += manifest.total_bytes + reader.manifest_ref.bytes
+    receipt = plan.record.token_snapshot
+    if receipt is not None and token_snapshot_loader is None:
+        # The reference token store: check the token rows themselves, not only the snapshot
+        # manifest that classification reads. A custom store brings its own loader and checks.
+        from pydantic import ValidationError
+
+        from .tokens import TokenSnapshotReceipt, verify_snapshot_data
+
+        try:
+            parsed = TokenSnapshotReceipt.model_validate(dict(receipt))
+        except ValidationError:
+            parsed = None
+        if parsed is not None:
+            try:
+                verify_snapshot_data(plan.store, parsed)
+                objects += 1
+            except CheckpointError as exc:
+                raise _reject(
+                    plan.checkpoint_id, f"token-store data failed verification: {exc.message}", code=exc.code
+                ) from exc
     return VerifyReport(plan.checkpoint_id, len(plan.readers), objects, total, plan.counts())

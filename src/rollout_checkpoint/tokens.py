@@ -55,6 +55,7 @@ __all__ = [
     "read_entry",
     "snapshot_key",
     "token_key",
+    "verify_snapshot_data",
 ]
 
 TOKEN_ENTRY_SCHEMA_VERSION = 1
@@ -446,15 +447,22 @@ def load_snapshot(store: str | ObjectStore, receipt: TokenSnapshotReceipt) -> di
     return entries
 
 
-def read_entry(store: ObjectStore, located: TokenSnapshotEntry, key: str) -> TokenEntry:
-    """Read one entry from its shard and check it against the digest and length it was listed with."""
-    if located.shard is None or located.row is None:
-        raise ObjectNotFoundError(f"token entry {key!r} has no location", key=key)
+def _read_shard(store: ObjectStore, shard: str) -> pa.Table:
     try:
-        with store.open_read(located.shard) as fh:
-            table = pq.ParquetFile(fh).read()
+        with store.open_read(shard) as fh:
+            return pq.ParquetFile(fh).read()
     except ObjectNotFoundError:
-        raise IntegrityError(f"token shard {located.shard} is missing", key=located.shard) from None
+        raise IntegrityError(f"token shard {shard} is missing", key=shard, problem="missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise IntegrityError(
+            f"token shard {shard} is not readable Parquet (truncated or altered): {exc}",
+            key=shard,
+            problem="unreadable",
+        ) from None
+
+
+def _entry_from_table(table: pa.Table, located: TokenSnapshotEntry, key: str) -> TokenEntry:
+    assert located.shard is not None and located.row is not None
     if located.row >= table.num_rows:
         raise IntegrityError(f"token shard {located.shard} has no row {located.row}", key=located.shard)
     row = {name: table[name][located.row].as_py() for name in _SHARD_SCHEMA.names}
@@ -479,3 +487,28 @@ def read_entry(store: ObjectStore, located: TokenSnapshotEntry, key: str) -> Tok
             f"token entry {key} does not match its digest/length (altered)", key=key, problem="altered"
         )
     return entry
+
+
+def read_entry(store: ObjectStore, located: TokenSnapshotEntry, key: str) -> TokenEntry:
+    """Read one entry from its shard and check it against the digest and length it was listed with."""
+    if located.shard is None or located.row is None:
+        raise ObjectNotFoundError(f"token entry {key!r} has no location", key=key)
+    return _entry_from_table(_read_shard(store, located.shard), located, key)
+
+
+def verify_snapshot_data(store: str | ObjectStore, receipt: TokenSnapshotReceipt) -> int:
+    """Check every token entry a snapshot lists against its digest and length (reads token data:
+    this is ``verify``, not classification). Returns the number of entries checked; raises
+    :class:`IntegrityError` naming the shard or key that is missing, truncated or altered."""
+    store = open_store(store)
+    entries = load_snapshot(store, receipt)
+    by_shard: dict[str, list[tuple[str, TokenSnapshotEntry]]] = {}
+    for key, located in entries.items():
+        if located.shard is None or located.row is None:
+            raise IntegrityError(f"token entry {key!r} has no location in snapshot {receipt.key}", key=key)
+        by_shard.setdefault(located.shard, []).append((key, located))
+    for shard, members in sorted(by_shard.items()):
+        table = _read_shard(store, shard)
+        for key, located in members:
+            _entry_from_table(table, located, key)
+    return len(entries)
