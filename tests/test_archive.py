@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import random
 import tracemalloc
 import uuid
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -375,6 +377,104 @@ def test_failed_upload_is_retried_and_no_record_is_lost_or_doubled() -> None:
     assert manifest.index.rows == len(records)
 
 
+class FlakyStream(MemoryStore):
+    """A store that streams for real and whose ``open_write`` files fail on a chosen write
+    (``fail_at_write``) or when the object is finished (``fail_at_close``), once each."""
+
+    def __init__(self) -> None:
+        super().__init__(f"stream-{uuid.uuid4().hex}")
+        self.fail_at_write: int | None = None
+        self.fail_at_close = 0
+        self.opened: list[str] = []
+
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        self.opened.append(key)
+        store = self
+        buffer = io.BytesIO()
+
+        class Failing(io.RawIOBase):
+            writes = 0
+
+            def writable(self) -> bool:
+                return True
+
+            def write(self, data: Any) -> int:
+                Failing.writes += 1
+                if store.fail_at_write is not None and Failing.writes >= store.fail_at_write:
+                    store.fail_at_write = None
+                    raise StoreError("injected stream failure", key=key)
+                return buffer.write(data)
+
+        yield Failing()  # type: ignore[misc]
+        if self.fail_at_close:
+            self.fail_at_close -= 1
+            raise StoreError("injected failure finishing the upload", key=key)
+        self.put(key, buffer.getvalue())
+
+
+@pytest.mark.parametrize("fail_at_write", [1, 3, 1000])
+def test_index_stream_failure_is_rebuilt_from_the_shards(
+    fail_at_write: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # small index row groups, so that index rows go to the stream while shards are written
+    monkeypatch.setattr("rollout_checkpoint.archive._index.INDEX_FLUSH_ROWS", 64)
+    store = FlakyStream()
+    store.fail_at_write = fail_at_write
+    records = make_records(400, payload_bytes=400)
+    _, manifest = write_archive(store, records, target_shard_bytes=8 << 10, row_group_rows=32)
+    assert len(manifest.shards) > 3
+    assert (store.fail_at_write is None) == (fail_at_write < 1000)  # the failure happened
+    if fail_at_write == 1000:
+        store.opened.append(store.opened[0])  # no failure: nothing rebuilt
+    assert store.opened == [f"{PREFIX}/{manifest.index.key}"] * 2  # the first stream, the rebuild
+    reader = ArchiveReader.open(store, PREFIX)
+    reader.verify()
+    assert list(reader.iter_records()) == records
+    assert reader.get(*ident(records[123])) == records[123]
+    assert len(store.list(PREFIX)) == len(manifest.shards) + 2
+
+
+def test_commit_retried_after_the_index_upload_failed() -> None:
+    store = FlakyStream()
+    store.fail_at_close = 1
+    records = make_records(300, payload_bytes=400)
+    writer = ArchiveWriter(
+        store, PREFIX, checkpoint_id="c", participant_kind="agent", instance="i", target_shard_bytes=8 << 10
+    )
+    for rec in records:
+        writer.write(rec)
+    with pytest.raises(StoreError, match="finishing the upload"):
+        writer.commit()
+    assert not store.exists(writer.manifest_key)
+    with pytest.raises(ArchiveStateError):
+        writer.write(make_records(301)[300])  # commit has started: the index is being closed
+    manifest = writer.commit()
+    reader = ArchiveReader.open(store, PREFIX)
+    reader.verify()
+    assert list(reader.iter_records()) == records and manifest.index.rows == len(records)
+
+
+def test_index_is_streamed_not_built_at_commit(local_store: ObjectStore) -> None:
+    # the index object is opened with the first shard and fed shard by shard
+    store = CountingStore(local_store)
+    records = make_records(300, payload_bytes=400)
+    writer = ArchiveWriter(
+        store, PREFIX, checkpoint_id="c", participant_kind="agent", instance="i", target_shard_bytes=8 << 10
+    )
+    for rec in records:
+        writer.write(rec)
+    assert writer._index_writer is not None and writer._index_writer.shards > 3
+    manifest = writer.commit()
+    assert store.requests["open_write"] == 1 and store.requests["put"] == len(manifest.shards)
+    index_bytes = local_store.get(f"{PREFIX}/{manifest.index.key}")
+    assert len(index_bytes) == manifest.index.bytes
+    assert hashlib.sha256(index_bytes).hexdigest() == manifest.index.sha256
+    reader = ArchiveReader.open(local_store, PREFIX)
+    reader.verify()
+    assert [m.key for m in reader.members()] == [r.record_key for r in records]
+
+
 def test_exception_in_context_writes_no_manifest(memory_store: MemoryStore) -> None:
     with (
         pytest.raises(RuntimeError),
@@ -457,7 +557,52 @@ def test_invalid_raw_members_refused(memory_store: MemoryStore) -> None:
     assert writer.commit().index.rows == 0
 
 
-def test_duplicate_members_refused(memory_store: MemoryStore) -> None:
+def test_duplicate_in_open_row_group_refused_at_write(memory_store: MemoryStore) -> None:
+    writer = ArchiveWriter(memory_store, PREFIX, checkpoint_id="c", participant_kind="agent", instance="i")
+    records = make_records(50, payload_bytes=300)
+    for rec in records:
+        writer.write(rec)
+    # the first copies are still in the open row group: refused at once, the writer goes on
+    for rec in (records[0], records[-1]):
+        with pytest.raises(InvalidRecordError, match="duplicate member"):
+            writer.write(rec)
+    with pytest.raises(InvalidRecordError, match="duplicate member"):
+        writer.write_raw(*ident(records[5]), b"{}")
+    # same key, other attempt: a different member
+    writer.write_raw(records[0].kind, records[0].rollout_id, 9, records[0].record_key, b"{}")
+    assert writer.commit().index.rows == len(records) + 1
+
+
+@pytest.mark.parametrize("position", [0, 100, 180])
+def test_duplicate_of_an_earlier_row_group_fails_commit(memory_store: MemoryStore, position: int) -> None:
+    writer = ArchiveWriter(
+        memory_store,
+        PREFIX,
+        checkpoint_id="c",
+        participant_kind="agent",
+        instance="i",
+        target_shard_bytes=4 << 10,
+        row_group_rows=16,
+    )
+    records = make_records(200, payload_bytes=300)
+    for rec in records:
+        writer.write(rec)
+    writer.write(records[position])  # its first copy is in an uploaded shard or an older row group
+    writer.write_raw(records[0].kind, records[0].rollout_id, 9, records[0].record_key, b"{}")
+    with pytest.raises(InvalidRecordError, match="duplicate member") as info:
+        writer.commit()
+    assert info.value.details["key"] == records[position].record_key
+    # no manifest: the archive does not exist for readers, and it never will
+    with pytest.raises(ObjectNotFoundError):
+        ArchiveReader.open(memory_store, PREFIX)
+    with pytest.raises(InvalidRecordError, match="duplicate member"):
+        writer.commit()
+    with pytest.raises(ArchiveStateError):
+        writer.write(make_records(201)[200])
+    assert not memory_store.exists(writer.manifest_key)
+
+
+def test_hash_collision_between_distinct_members_is_not_a_duplicate(memory_store: MemoryStore) -> None:
     writer = ArchiveWriter(
         memory_store,
         PREFIX,
@@ -466,18 +611,15 @@ def test_duplicate_members_refused(memory_store: MemoryStore) -> None:
         instance="i",
         target_shard_bytes=4 << 10,
     )
-    records = make_records(200, payload_bytes=300)
+    records = make_records(120, payload_bytes=300)
     for rec in records:
         writer.write(rec)
-    # duplicates of a member in an uploaded shard, in the open row group, and via write_raw
-    for rec in (records[0], records[-1], records[100]):
-        with pytest.raises(InvalidRecordError, match="duplicate member"):
-            writer.write(rec)
-    with pytest.raises(InvalidRecordError, match="duplicate member"):
-        writer.write_raw(*ident(records[5]), b"{}")
-    # same key, other attempt: a different member
-    writer.write_raw(records[0].kind, records[0].rollout_id, 9, records[0].record_key, b"{}")
-    assert writer.commit().index.rows == len(records) + 1
+    # force 64-bit hash collisions between distinct members: the exact check reads them back
+    hashes = writer._hashes
+    hashes[3] = hashes[70] = hashes[119]
+    manifest = writer.commit()
+    assert manifest.index.rows == len(records)
+    assert list(ArchiveReader.open(memory_store, PREFIX).iter_records()) == records
 
 
 def test_newer_manifest_schema_refused(memory_store: MemoryStore) -> None:
@@ -730,9 +872,22 @@ class DiscardingStore(MemoryStore):
         super().put(key, b"")
         return ObjectInfo(key=key, size=len(data), version="v")
 
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        class Sink(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
 
-def _writer_peak_bytes(records: int, payload_bytes: int, target: int) -> int:
-    """Peak of Python (tracemalloc) plus Arrow-pool memory while writing ``records`` members."""
+            def write(self, data: Any) -> int:
+                return memoryview(data).nbytes
+
+        yield Sink()  # type: ignore[misc]
+        super().put(key, b"")
+
+
+def _writer_peak_bytes(records: int, payload_bytes: int, target: int, per_rollout: int = 1) -> int:
+    """Peak of Python (tracemalloc) plus Arrow-pool memory while writing ``records`` members
+    (``per_rollout`` members per rollout id)."""
     writer = ArchiveWriter(
         DiscardingStore(),
         "p",
@@ -748,7 +903,9 @@ def _writer_peak_bytes(records: int, payload_bytes: int, target: int) -> int:
         peak = 0
         for i in range(records):
             off = (i * 7919) % (len(source) - payload_bytes)
-            writer.write_raw("blob", f"r{i}", 0, "k", source[off : off + payload_bytes])
+            writer.write_raw(
+                "blob", f"r{i // per_rollout}", 0, f"k{i % per_rollout}", source[off : off + payload_bytes]
+            )
             if i % 25 == 0:
                 peak = max(peak, tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes() - base)
         writer.commit()
@@ -765,3 +922,15 @@ def test_writer_memory_does_not_grow_with_payload_volume() -> None:
     small = _writer_peak_bytes(4000, 100, target)
     large = _writer_peak_bytes(4000, 4000, target)
     assert large - small <= 4 * target, (small, large)
+
+
+def test_writer_memory_does_not_grow_with_the_number_of_members() -> None:
+    # 10x the members of 50 bytes each: the index is streamed and the duplicate check keeps
+    # 8 bytes per member, so 180,000 more members may cost ~1.4 MiB (plus the per-shard footers),
+    # not the ~270 bytes per member (~46 MiB) a writer that keeps the index in memory would.
+    # (10 members per rollout id, as participants write them: the writer's id-validation cache is
+    # bounded, but it does hold more distinct ids in the larger run.)
+    target = 1 << 20
+    few = _writer_peak_bytes(20_000, 50, target, per_rollout=10)
+    many = _writer_peak_bytes(200_000, 50, target, per_rollout=10)
+    assert many - few <= 8 << 20, (few, many)

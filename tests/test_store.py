@@ -574,3 +574,78 @@ def test_open_store_url_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert isinstance(local, LocalStore) and local.fsync is False
     assert isinstance(open_store("memory://x", retry=None), MemoryStore)
     assert list(tmp_path.iterdir()) == []  # nothing was created by opening
+
+
+# -- streaming writes (open_write) -----------------------------------------------------------------
+
+
+def test_open_write_streams_an_object_visible_only_after_a_clean_exit(any_store: ObjectStore) -> None:
+    chunks = [os.urandom(n) for n in (1, 70_000, 0, 1 << 20, 12)]
+    with any_store.open_write("s/obj.parquet") as fh:
+        for chunk in chunks:
+            fh.write(chunk)
+            assert not any_store.exists("s/obj.parquet")  # nothing visible while writing
+    data = b"".join(chunks)
+    assert any_store.get("s/obj.parquet") == data
+    assert any_store.stat("s/obj.parquet").size == len(data)
+    assert [i.key for i in any_store.list("s/")] == ["s/obj.parquet"]
+    # a non-conditional write: a second stream replaces the object
+    with any_store.open_write("s/obj.parquet") as fh:
+        fh.write(b"second")
+    assert any_store.get("s/obj.parquet") == b"second"
+    with any_store.open_write("s/empty") as fh:
+        pass
+    assert any_store.get("s/empty") == b""
+
+
+def test_open_write_exception_leaves_no_object(any_store: ObjectStore) -> None:
+    with pytest.raises(RuntimeError), any_store.open_write("s/partial") as fh:
+        fh.write(b"x" * 100_000)
+        raise RuntimeError("writer crashed")
+    assert not any_store.exists("s/partial")
+    assert any_store.list("s/") == []
+    if isinstance(any_store, LocalStore):
+        assert os.listdir(any_store.root / "s") == []  # the temp file is gone too
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b"])
+def test_open_write_refuses_invalid_keys_before_io(any_store: ObjectStore, key: str) -> None:
+    with pytest.raises(InvalidIdentifierError):
+        any_store.open_write(key).__enter__()
+
+
+def test_open_write_default_buffers_into_one_put(memory_store: MemoryStore) -> None:
+    # a delegating store that only knows put() gets open_write through the base class
+    puts: list[tuple[str, bytes]] = []
+
+    class PutOnly(CountingStore):
+        def put(self, key: str, data: bytes) -> Any:
+            puts.append((key, data))
+            return super().put(key, data)
+
+        open_write = ObjectStore.open_write  # type: ignore[assignment]
+
+    store = PutOnly(memory_store)
+    with store.open_write("k") as fh:
+        fh.write(b"ab")
+        fh.write(b"cd")
+    assert puts == [("k", b"abcd")] and memory_store.get("k") == b"abcd"
+    with pytest.raises(RuntimeError), store.open_write("k2") as fh:
+        fh.write(b"zz")
+        raise RuntimeError
+    assert len(puts) == 1 and not memory_store.exists("k2")
+
+
+def test_counting_store_counts_open_write(local_store: LocalStore) -> None:
+    store = CountingStore(local_store)
+    with store.open_write("w") as fh:
+        fh.write(b"12345")
+        fh.write(memoryview(b"678"))
+    assert store.requests["open_write"] == 1 and store.bytes_written == 8
+    assert local_store.get("w") == b"12345678"
+
+
+def test_generic_fsspec_open_write(generic_store: FsspecStore) -> None:
+    with generic_store.open_write("g/obj") as fh:
+        fh.write(b"streamed")
+    assert generic_store.get("g/obj") == b"streamed"

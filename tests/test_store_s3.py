@@ -10,6 +10,7 @@ connection (a request that succeeded but whose answer was lost).
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import threading
 import uuid
@@ -525,3 +526,25 @@ def _fresh_probe_cache() -> Iterator[None]:
     _s3.clear_probe_cache()
     yield
     _s3.clear_probe_cache()
+
+
+# -- streaming writes ---------------------------------------------------------------------------------
+
+
+def test_open_write_multipart_round_trip_and_abort(s3_store: S3Store, s3_endpoint: str) -> None:
+    s3_store.write_block_size = 5 << 20  # S3's minimum part size: 12 MiB is a 3-part upload
+    part = os.urandom(1 << 20)
+    with s3_store.open_write("big/obj") as fh:
+        for _ in range(12):
+            fh.write(part)
+        assert not s3_store.exists("big/obj")  # parts uploaded, nothing visible yet
+    assert s3_store.stat("big/obj").size == 12 << 20
+    assert s3_store.get_range("big/obj", (5 << 20) - 3, (5 << 20) + 3) == part[-3:] + part[:3]
+    # an exception aborts the multipart upload: no object, no upload left behind
+    with pytest.raises(RuntimeError), s3_store.open_write("big/partial") as fh:
+        for _ in range(12):
+            fh.write(part)
+        raise RuntimeError("writer crashed")
+    assert not s3_store.exists("big/partial")
+    uploads = _boto(s3_endpoint).list_multipart_uploads(Bucket=s3_store.bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads if u["Key"].endswith("big/partial")] == []

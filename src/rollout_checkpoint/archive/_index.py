@@ -1,5 +1,8 @@
 """The member index: one Parquet object per archive mapping each member to (shard, row group, row).
 
+The writer streams it (:class:`IndexWriter`) into one store object while the shards are written,
+so its rows never accumulate in memory.
+
 Besides one row per member, the index's key-value metadata carries, per shard, every row group's
 byte range and SHA-256 and the shard's raw Parquet footer. A reader that holds the (digest-checked)
 index can therefore fetch one member with exactly one ranged GET of one row group, check that
@@ -8,11 +11,14 @@ range's own digest, and decode it without touching the shard's footer on the sto
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +33,7 @@ from ._schema import (
     footer_meta_key,
 )
 
-__all__ = ["IndexBuilder", "MemberIndex", "MemberRef", "RowGroupSpan"]
+__all__ = ["IndexWriter", "MemberIndex", "MemberRef", "RowGroupSpan", "index_metadata"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,26 +84,68 @@ def metadata_from_footer(footer: bytes) -> pq.FileMetaData:
     return pq.read_metadata(pa.BufferReader(framed))
 
 
-class IndexBuilder:
-    """Writer side: collects one compact Arrow table per finished shard (never Python objects per
-    member), so a writer's memory for the index grows by tens of bytes per member only."""
+INDEX_ROW_GROUP_ROWS = 1 << 16
+"""Largest row group of the member index."""
+INDEX_FLUSH_ROWS = 1 << 13
+"""The writer buffers index rows until it has this many (or the shard's rows, if more), then
+writes them as one row group: at most ~1 MB of index rows in memory."""
 
-    def __init__(self) -> None:
-        self._tables: list[pa.Table] = []
-        self._spans: list[list[RowGroupSpan]] = []
-        self._footers: list[bytes] = []
+INDEX_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "shard"]
+
+
+class _DigestSink(io.RawIOBase):
+    """Write-through file that counts and SHA-256-hashes every byte on its way to ``inner``."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        super().__init__()
+        self._inner = inner
+        self._sha = hashlib.sha256()
+        self.bytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._sha.update(view)
+        self._inner.write(view)
+        self.bytes += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self.bytes
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class IndexWriter:
+    """Writer side: streams the member index into ``sink`` (a store ``open_write`` file) shard by
+    shard, hashing and counting the bytes as they pass. It buffers at most ``INDEX_FLUSH_ROWS``
+    rows plus the rows of the shard being added: nothing per member outlives that. The key-value
+    metadata (row-group spans and footers: per shard and row group, not per member) is handed to
+    :meth:`finish` and written into the Parquet footer.
+    """
+
+    def __init__(self, sink: BinaryIO, zstd_level: int) -> None:
+        self._sink = _DigestSink(sink)
+        self._pq = pq.ParquetWriter(
+            self._sink,
+            INDEX_SCHEMA,
+            compression="zstd",
+            compression_level=zstd_level,
+            write_statistics=INDEX_STATISTICS_COLUMNS,
+        )
+        self._buffer: list[pa.Table] = []
+        self._buffered = 0
+        self.shards = 0
         self.rows = 0
 
-    @property
-    def shard_count(self) -> int:
-        return len(self._spans)
-
-    def add_shard(self, row_groups: list[pa.Table], spans: list[RowGroupSpan], footer: bytes) -> None:
+    def add_shard(self, row_groups: list[pa.Table], spans: list[RowGroupSpan]) -> None:
         """Add the next shard: ``row_groups[i]`` holds the member columns of row group ``i``."""
-        shard = len(self._spans)
+        shard = self.shards
         if len(row_groups) != len(spans):
             raise AssertionError("one span per row group expected")
-        parts: list[pa.Table] = []
         for rg, (table, span) in enumerate(zip(row_groups, spans, strict=True)):
             n = table.num_rows
             cols = [table.column(name) for name in INDEX_MEMBER_COLUMNS]
@@ -108,51 +156,51 @@ class IndexBuilder:
                 pa.repeat(pa.scalar(span.offset, pa.int64()), n),
                 pa.repeat(pa.scalar(span.length, pa.int64()), n),
             ]
-            parts.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
-        if parts:
-            self._tables.append(pa.concat_tables(parts).combine_chunks())
-        self._spans.append(spans)
-        self._footers.append(footer)
-        self.rows += sum(t.num_rows for t in parts)
+            self._buffer.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
+            self._buffered += n
+            self.rows += n
+        self.shards += 1
+        if self._buffered >= INDEX_FLUSH_ROWS:
+            self._flush()
 
-    def contains(self, kind: str, rollout_id: str, attempt: int, key: str) -> bool:
-        """Exact membership test (a vectorised scan: used only when a cheap hash says "maybe")."""
-        for table in self._tables:
-            mask = pc.and_(
-                pc.and_(pc.equal(table["kind"], kind), pc.equal(table["rollout_id"], rollout_id)),
-                pc.and_(pc.equal(table["attempt"], attempt), pc.equal(table["key"], key)),
-            )
-            if pc.any(mask).as_py():
-                return True
-        return False
+    def _flush(self) -> None:
+        """Write the buffered rows (row groups of at most ``INDEX_ROW_GROUP_ROWS``)."""
+        if self._buffered:
+            self._pq.write_table(pa.concat_tables(self._buffer), row_group_size=INDEX_ROW_GROUP_ROWS)
+        self._buffer = []
+        self._buffered = 0
 
-    def to_bytes(self, zstd_level: int) -> bytes:
-        table = pa.concat_tables(self._tables) if self._tables else INDEX_SCHEMA.empty_table()
-        meta: dict[bytes, bytes] = {
-            INDEX_META_KEY: json.dumps(
-                {
-                    "format": INDEX_FORMAT_VERSION,
-                    "shards": [
-                        {"row_groups": [[s.offset, s.length, s.sha256] for s in spans]}
-                        for spans in self._spans
-                    ],
-                },
-                separators=(",", ":"),
-            ).encode()
-        }
-        for shard, footer in enumerate(self._footers):
-            meta[footer_meta_key(shard)] = footer
-        table = table.replace_schema_metadata(meta)
-        sink = pa.BufferOutputStream()
-        pq.write_table(
-            table,
-            sink,
-            compression="zstd",
-            compression_level=zstd_level,
-            row_group_size=1 << 16,
-            write_statistics=["kind", "rollout_id", "attempt", "key", "shard"],
-        )
-        return bytes(sink.getvalue().to_pybytes())
+    def finish(self, spans: list[list[RowGroupSpan]], footers: list[bytes]) -> tuple[int, str]:
+        """Write the remaining rows and the footer (with the spans and shard footers as key-value
+        metadata); return the index's byte length and SHA-256. The caller closes the sink."""
+        if len(spans) != self.shards or len(footers) != self.shards:
+            raise AssertionError("spans and footers of every added shard expected")
+        self._flush()
+        self._pq.add_key_value_metadata(index_metadata(spans, footers))
+        self._pq.close()
+        return self._sink.bytes, self._sink.hexdigest()
+
+    def close(self) -> None:
+        """Stop without finishing (the caller discards the sink)."""
+        with contextlib.suppress(Exception):
+            self._pq.close()
+        self._buffer = []
+
+
+def index_metadata(spans: list[list[RowGroupSpan]], footers: list[bytes]) -> dict[bytes, bytes]:
+    """The index's key-value metadata: row-group spans of every shard and every shard's footer."""
+    meta: dict[bytes, bytes] = {
+        INDEX_META_KEY: json.dumps(
+            {
+                "format": INDEX_FORMAT_VERSION,
+                "shards": [{"row_groups": [[s.offset, s.length, s.sha256] for s in rgs]} for rgs in spans],
+            },
+            separators=(",", ":"),
+        ).encode()
+    }
+    for shard, footer in enumerate(footers):
+        meta[footer_meta_key(shard)] = footer
+    return meta
 
 
 class MemberIndex:
@@ -171,7 +219,9 @@ class MemberIndex:
         try:
             pf = pq.ParquetFile(pa.BufferReader(data))
             table = pf.read()
-            meta = pf.schema_arrow.metadata or {}
+            # file key-value metadata: the writer adds it when it closes the index (it is not in
+            # the Arrow schema stored at the start of the stream)
+            meta = pf.metadata.metadata or {}
             info = json.loads(meta[INDEX_META_KEY])
             if info.get("format") != INDEX_FORMAT_VERSION:
                 raise InvalidRecordError(f"unsupported member index format {info.get('format')!r}")

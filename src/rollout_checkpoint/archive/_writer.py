@@ -11,6 +11,14 @@ Why it looks like this (measured in archive-perf-notes.md):
 * A finished shard is uploaded with one ``put`` under a unique name (objects are immutable, no
   temp-then-rename); only the manifest, written last with ``put_if_absent``, makes it part of
   the checkpoint. Shards of an aborted writer are unreferenced garbage for retention to collect.
+* The member index is one object, streamed (``ObjectStore.open_write``) while the shards are
+  written: each uploaded shard's index rows go straight into it, so no per-member state piles
+  up. What stays for the whole archive is one 64-bit hash per member (8 bytes, for the
+  duplicate check at commit) and, per shard, its row-group spans and Parquet footer.
+* Duplicate members: ``write`` refuses at once a duplicate of a member of the open row group;
+  any other duplicate is found at :meth:`ArchiveWriter.commit` (sorted hashes, then an exact
+  comparison of the colliding members read back from the index), which then raises
+  ``InvalidRecordError`` and writes no manifest.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
+from array import array
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import JsonValue
 
@@ -33,7 +43,7 @@ from ..ids import validate_id, validate_key
 from ..records import RECORD_SCHEMA_VERSION, Record
 from ..store import ObjectStore
 from ._errors import ArchiveStateError
-from ._index import IndexBuilder, RowGroupSpan, row_group_spans
+from ._index import IndexWriter, RowGroupSpan, row_group_spans
 from ._manifest import (
     ComponentManifest,
     IndexEntry,
@@ -141,11 +151,20 @@ class ArchiveWriter:
 
         self._seq = 0
         self._shards: list[ShardEntry] = []
-        self._index = IndexBuilder()
+        # per uploaded shard (not per member): row-group spans and the raw Parquet footer
+        self._shard_meta: list[tuple[list[RowGroupSpan], bytes]] = []
         self._record_counts: dict[str, int] = {}
-        self._seen: set[int] = set()
+        # one 64-bit hash per member, in write order (= index row order): the duplicate check
+        self._hashes: array[int] = array("q")
+        self._rg_seen: set[int] = set()  # hashes of the open row group (exact check at write)
         self._valid_ids: set[str] = set()
-        self._index_blob: tuple[str, bytes] | None = None
+        # the member index, streamed into one store object as shards are uploaded
+        self._index_stream: contextlib.ExitStack | None = None
+        self._index_writer: IndexWriter | None = None
+        self._index_stale = False  # the stream failed: commit rebuilds it from the shards
+        self._index_entry: IndexEntry | None = None
+        self._sealed = False  # commit has started: no more writes
+        self._duplicates_checked = False
         self._candidate: tuple[dict[str, JsonValue], ComponentManifest, bytes] | None = None
         self._manifest: ComponentManifest | None = None
         self._manifest_ref: ManifestRef | None = None
@@ -254,21 +273,16 @@ class ArchiveWriter:
         refs: str | None,
         payload: bytes,
     ) -> None:
-        if self._manifest is not None or self._aborted or self._broken is not None:
+        if self._sealed or self._aborted or self._broken is not None:
             self._refuse()
         ident = (kind, rollout_id, attempt, key)
         h = hash(ident)
-        if h in self._seen and self._is_duplicate(ident):
-            raise InvalidRecordError(
-                f"duplicate member {kind}/{rollout_id}#{attempt}/{key} in archive {self.prefix!r}",
-                kind=kind,
-                rollout_id=rollout_id,
-                attempt=attempt,
-                key=key,
-            )
+        if h in self._rg_seen and self._in_open_row_group(ident):
+            raise self._duplicate_error(ident)
         if self._pending is not None:
             self._upload_pending()
-        self._seen.add(h)
+        self._rg_seen.add(h)
+        self._hashes.append(h)
         self._kinds.append(kind)
         self._rollout_ids.append(rollout_id)
         self._attempts.append(attempt)
@@ -291,13 +305,30 @@ class ArchiveWriter:
             self._finish_shard()
 
     def _refuse(self) -> None:
-        state = "committed" if self._manifest else "aborted" if self._aborted else "broken"
+        state = (
+            "committed"
+            if self._manifest
+            else "aborted"
+            if self._aborted
+            else "broken"
+            if self._broken is not None
+            else "being committed"
+        )
         raise ArchiveStateError(f"archive {self.prefix!r} is {state}; no more writes", prefix=self.prefix)
 
-    def _is_duplicate(self, ident: tuple[str, str, int, str]) -> bool:
-        """Exact check behind the hash set (runs only on a hash hit: a duplicate or a collision)."""
+    def _duplicate_error(self, ident: tuple[str, str, int, str]) -> InvalidRecordError:
         kind, rollout_id, attempt, key = ident
-        self._sync()
+        return InvalidRecordError(
+            f"duplicate member {kind}/{rollout_id}#{attempt}/{key} in archive {self.prefix!r}",
+            kind=kind,
+            rollout_id=rollout_id,
+            attempt=attempt,
+            key=key,
+        )
+
+    def _in_open_row_group(self, ident: tuple[str, str, int, str]) -> bool:
+        """Exact check behind the open row group's hash set (runs only on a hash hit)."""
+        kind, rollout_id, attempt, key = ident
         for i, k in enumerate(self._keys):
             if (
                 k == key
@@ -306,12 +337,7 @@ class ArchiveWriter:
                 and self._attempts[i] == attempt
             ):
                 return True
-        for table in self._shard_row_groups:
-            if _table_contains(table, ident):
-                return True
-        if self._pending is not None and any(_table_contains(t, ident) for t in self._pending.row_groups):
-            return True
-        return self._index.contains(kind, rollout_id, attempt, key)
+        return False
 
     def _take_row_group(self) -> list[list[Any]]:
         """Hand the open row group's column lists over (fresh lists replace them)."""
@@ -327,6 +353,7 @@ class ArchiveWriter:
         ]
         self._kinds, self._rollout_ids, self._attempts, self._keys = [], [], [], []
         self._schema_versions, self._revisions, self._refs, self._payloads = [], [], [], []
+        self._rg_seen = set()
         return cols
 
     def _flush_row_group(self) -> None:
@@ -423,8 +450,115 @@ class ArchiveWriter:
             return
         self.store.put(join_key(self.prefix, pending.entry.key), pending.data)
         self._shards.append(pending.entry)
-        self._index.add_shard(pending.row_groups, pending.spans, pending.footer)
+        self._shard_meta.append((pending.spans, pending.footer))
         self._pending = None
+        self._index_add(pending.row_groups, pending.spans)
+
+    # -- the member index (one streamed object) ---------------------------------------------
+    @property
+    def _index_key(self) -> str:
+        return join_key(self.prefix, index_name(self.writer_id))
+
+    def _open_index(self) -> IndexWriter:
+        stack = contextlib.ExitStack()
+        sink = stack.enter_context(self.store.open_write(self._index_key))
+        self._index_stream = stack
+        self._index_writer = IndexWriter(sink, self.zstd_level)
+        return self._index_writer
+
+    def _drop_index(self, exc: BaseException) -> None:
+        """Abandon the index stream (the store discards the partial object)."""
+        writer, stack = self._index_writer, self._index_stream
+        self._index_writer = None
+        self._index_stream = None
+        if writer is not None:
+            writer.close()
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                stack.__exit__(type(exc), exc, exc.__traceback__)
+
+    def _index_add(self, row_groups: list[pa.Table], spans: list[RowGroupSpan]) -> None:
+        """Stream one uploaded shard's index rows. A failing stream is dropped, not raised: the
+        shard is safely uploaded, and commit rebuilds the index from the uploaded shards."""
+        if self._index_stale:
+            return
+        try:
+            writer = self._index_writer or self._open_index()
+            writer.add_shard(row_groups, spans)
+        except Exception as exc:
+            self._index_stale = True
+            self._drop_index(exc)
+
+    def _rebuild_index(self) -> IndexWriter:
+        """Stream the index again from the uploaded shards' member columns (after a failure)."""
+        writer = self._open_index()
+        for entry, (spans, _footer) in zip(self._shards, self._shard_meta, strict=True):
+            with self.store.open_read(join_key(self.prefix, entry.key)) as fh:
+                pf = pq.ParquetFile(fh)
+                row_groups = [
+                    pf.read_row_group(rg, columns=INDEX_MEMBER_COLUMNS) for rg in range(pf.num_row_groups)
+                ]
+            writer.add_shard(row_groups, spans)
+        return writer
+
+    def _close_index(self) -> IndexEntry:
+        """Finish the streamed index object; its length and digest go into the manifest.
+
+        A stream that failed while the shards were written is rebuilt here from the uploaded
+        shards. A failure now is raised (no manifest); the next commit rebuilds and tries again.
+        """
+        try:
+            if self._index_stale:
+                writer = self._rebuild_index()
+                self._index_stale = False
+            else:
+                writer = self._index_writer or self._open_index()
+            rows = writer.rows
+            size, digest = writer.finish(
+                [spans for spans, _ in self._shard_meta], [footer for _, footer in self._shard_meta]
+            )
+            stack = self._index_stream
+            self._index_writer = None
+            self._index_stream = None
+            if stack is not None:
+                stack.close()  # the object becomes visible here
+        except BaseException as exc:
+            self._index_stale = True
+            self._drop_index(exc)
+            raise
+        return IndexEntry(key=index_name(self.writer_id), bytes=size, sha256=digest, rows=rows)
+
+    def _check_duplicates(self) -> None:
+        """Commit-time duplicate check: sort the member hashes; only members whose hashes collide
+        are compared exactly, by reading their identities back from the (closed) index."""
+        if self._duplicates_checked:
+            return
+        positions = _colliding_positions(self._hashes)
+        if positions:
+            ident = self._first_duplicate(positions)
+            if ident is not None:
+                exc = self._duplicate_error(ident)
+                self._broken = exc
+                raise exc
+        self._duplicates_checked = True
+
+    def _first_duplicate(self, positions: list[int]) -> tuple[str, str, int, str] | None:
+        cols = ["kind", "rollout_id", "attempt", "key"]
+        seen: set[tuple[str, str, int, str]] = set()
+        with self.store.open_read(self._index_key) as fh:
+            pf = pq.ParquetFile(fh)
+            start = 0
+            for rg in range(pf.num_row_groups):
+                n = pf.metadata.row_group(rg).num_rows
+                local = [p - start for p in positions if start <= p < start + n]
+                if local:
+                    table = pf.read_row_group(rg, columns=cols).take(local)
+                    for row in zip(*(table[c].to_pylist() for c in cols), strict=True):
+                        if row in seen:
+                            return row
+                        seen.add(row)
+                start += n
+        return None
 
     # -- committing -------------------------------------------------------------------------
     def commit(self, extra: Mapping[str, JsonValue] | None = None) -> ComponentManifest:
@@ -432,6 +566,9 @@ class ArchiveWriter:
 
         Idempotent: calling it again (also after a failure half way) finishes or returns the
         same manifest. A different manifest already at the key raises ``ManifestConflictError``.
+        A duplicate member that ``write`` could not refuse (its first copy was no longer in the
+        open row group) raises ``InvalidRecordError`` here, and no manifest is ever written.
+        Once commit has started, further writes are refused.
         """
         extra_dict: dict[str, JsonValue] = dict(extra or {})
         if self._manifest is not None:
@@ -441,14 +578,16 @@ class ArchiveWriter:
                     key=self.manifest_key,
                 )
             return self._manifest
+        if isinstance(self._broken, InvalidRecordError):
+            raise self._broken  # a duplicate member found by an earlier commit
         if self._aborted or self._broken is not None:
             self._refuse()
+        self._sealed = True
         self._finish_shard()
         self._upload_pending()
-        if self._index_blob is None:
-            self._index_blob = (index_name(self.writer_id), self._index.to_bytes(self.zstd_level))
-        name, blob = self._index_blob
-        self.store.put(join_key(self.prefix, name), blob)
+        if self._index_entry is None:
+            self._index_entry = self._close_index()
+        self._check_duplicates()
         if self._candidate is None or self._candidate[0] != extra_dict:
             manifest = ComponentManifest(
                 checkpoint_id=self.checkpoint_id,
@@ -457,9 +596,7 @@ class ArchiveWriter:
                 writer_id=self.writer_id,
                 created_at=self._created_at,
                 shards=list(self._shards),
-                index=IndexEntry(
-                    key=name, bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest(), rows=self._index.rows
-                ),
+                index=self._index_entry,
                 record_counts=dict(sorted(self._record_counts.items())),
                 extra=extra_dict,
             )
@@ -475,7 +612,8 @@ class ArchiveWriter:
         self._manifest = manifest
         self._manifest_ref = ManifestRef.of(self.manifest_key, data)
         self._shutdown()
-        self._seen = set()
+        self._hashes = array("q")
+        self._shard_meta = []
         self._valid_ids = set()
         return manifest
 
@@ -497,6 +635,10 @@ class ArchiveWriter:
         for buf in (self._kinds, self._rollout_ids, self._keys, self._payloads):
             buf.clear()
         self._rg_payload_bytes = 0
+        self._drop_index(ArchiveStateError("aborted", prefix=self.prefix))
+        self._hashes = array("q")
+        self._shard_meta = []
+        self._rg_seen = set()
 
     def _shutdown(self) -> None:
         if self._encoder is not None:
@@ -518,14 +660,16 @@ class ArchiveWriter:
         return f"ArchiveWriter({self.store!r}, {self.prefix!r}, writer_id={self.writer_id!r})"
 
 
-def _table_contains(table: pa.Table, ident: tuple[str, str, int, str]) -> bool:
-    kind, rollout_id, attempt, key = ident
-    for i, k in enumerate(table["key"].to_pylist()):
-        if (
-            k == key
-            and table["kind"][i].as_py() == kind
-            and table["rollout_id"][i].as_py() == rollout_id
-            and table["attempt"][i].as_py() == attempt
-        ):
-            return True
-    return False
+def _colliding_positions(hashes: array[int]) -> list[int]:
+    """Positions of the members whose 64-bit hash equals another member's (sorted in Arrow:
+    about 16 extra bytes per member for the moment of the check)."""
+    n = len(hashes)
+    if n < 2:
+        return []
+    values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(hashes)])
+    ordered = values.take(pc.sort_indices(values))
+    equal = pc.equal(ordered.slice(1), ordered.slice(0, n - 1))
+    if not pc.any(equal).as_py():
+        return []
+    colliding = pc.unique(ordered.slice(1).filter(equal))
+    return [int(p) for p in pc.indices_nonzero(pc.is_in(values, value_set=colliding)).to_pylist()]

@@ -11,9 +11,12 @@ are *truly atomic* on this backend; publication refuses a backend where they are
 from __future__ import annotations
 
 import abc
+import contextlib
+import io
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from ..errors import (
     ConditionalWriteUnsupportedError,
@@ -82,6 +85,27 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def open_read(self, key: str) -> BinaryIO:
         """A streaming, seekable reader (for digests and Parquet footers without whole loads)."""
+
+    def open_write(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """Stream a new **non-conditional** object: ``with store.open_write(key) as fh: fh.write(b)``.
+
+        The object appears under ``key`` only when the ``with`` block exits without an exception
+        (do not close ``fh`` yourself); an exception discards what was written. Like :meth:`put`,
+        use it only for keys no one else writes (unique names): it may overwrite, and on object
+        stores it may become a multipart upload, which is why conditional objects (manifests,
+        pointers) are never written this way but with one ``put_if_absent`` / ``put_if_match``.
+
+        Backends stream the bytes (local disk: temp file, fsync, rename; fsspec/S3: the
+        filesystem's buffered writer, multipart on S3). This default, used by delegating
+        wrappers, buffers the bytes in memory and makes one :meth:`put` on a clean exit, so the
+        wrapper sees the object like any other put.
+
+        On fsspec object stores a failure *while finishing* the upload (or a backend that cannot
+        discard) may still leave a partial object under ``key``; only a manifest that records the
+        object's length and digest makes it part of a checkpoint, so such leftovers are garbage.
+        """
+        self._check_key(key)
+        return _buffered_write(self, key)
 
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectInfo:
@@ -189,3 +213,11 @@ class ObjectStore(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+@contextlib.contextmanager
+def _buffered_write(store: ObjectStore, key: str) -> Iterator[BinaryIO]:
+    """``open_write`` for stores that only know whole-object puts: buffer, then one ``put``."""
+    buffer = io.BytesIO()
+    yield cast(BinaryIO, buffer)
+    store.put(key, buffer.getvalue())

@@ -7,10 +7,11 @@ looking at :attr:`CountingStore.keys_read` and the byte counters.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, cast
 
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
@@ -79,6 +80,14 @@ class CountingStore(ObjectStore):
     def put(self, key: str, data: bytes) -> ObjectInfo:
         self._request("put", written=len(data))
         return self.inner.put(key, data)
+
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        """Counted as one ``open_write`` request (on a clean exit) with the bytes written."""
+        with self.inner.open_write(key) as raw:
+            writer = _CountingWriter(raw)
+            yield cast(BinaryIO, writer)
+        self._request("open_write", written=writer.written)
 
     def get(self, key: str) -> bytes:
         self._request("get")
@@ -173,4 +182,29 @@ class _CountingReader(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._raw.close()
+        super().close()
+
+
+class _CountingWriter(io.RawIOBase):
+    """Passes writes through to the inner writer and counts their bytes."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+        self.written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._raw.write(view)
+        self.written += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self.written
+
+    def close(self) -> None:
+        # the inner writer is finished by the open_write context, never by its users
         super().close()

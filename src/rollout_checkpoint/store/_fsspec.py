@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any, BinaryIO, cast
 
 import fsspec
@@ -26,6 +28,8 @@ class FsspecStore(ObjectStore):
     """
 
     capabilities = StoreCapabilities(atomic_put_if_absent=False, atomic_put_if_match=False)
+    write_block_size: int | None = None
+    """Buffer (and multipart part) size of :meth:`open_write` files; ``None``: fsspec's default."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
         self.fs = fs
@@ -85,6 +89,35 @@ class FsspecStore(ObjectStore):
             return cast(BinaryIO, self.fs.open(self._path(key), "rb"))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
+
+    def _open_for_write(self, path: str) -> Any:
+        if self.write_block_size is None:
+            return self.fs.open(path, "wb")
+        return self.fs.open(path, "wb", block_size=self.write_block_size)
+
+    def open_write(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """The filesystem's buffered writer (on S3 a multipart upload once the data outgrows
+        :attr:`write_block_size`). A clean exit closes it, which finishes the upload; an exception
+        calls ``discard()`` (s3fs aborts the multipart upload) instead of ``close()``, because
+        fsspec files *commit* on close, also from ``__exit__`` and from ``__del__``."""
+        return self._stream_write(self._path(key))
+
+    @contextlib.contextmanager
+    def _stream_write(self, path: str) -> Iterator[BinaryIO]:
+        try:
+            fh = self._open_for_write(path)
+        except FileNotFoundError:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            fh = self._open_for_write(path)
+        try:
+            yield cast(BinaryIO, fh)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                fh.discard()
+            with contextlib.suppress(Exception):
+                fh.closed = True  # so that no later close() or __del__ commits the partial data
+            raise
+        fh.close()
 
     def stat(self, key: str) -> ObjectInfo:
         try:
@@ -181,6 +214,11 @@ class MemoryStore(FsspecStore):
     def stat(self, key: str) -> ObjectInfo:
         data = self.get(key)
         return ObjectInfo(key=key, size=len(data), version=hashlib.sha256(data).hexdigest())
+
+    def open_write(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """Buffered, then one :meth:`put` on a clean exit (the store is memory anyway, and a
+        fsspec ``MemoryFile`` would commit partial data if it were garbage-collected unclosed)."""
+        return ObjectStore.open_write(self, key)
 
     def put(self, key: str, data: bytes) -> ObjectInfo:
         with _MEMORY_LOCK:

@@ -131,6 +131,32 @@ class LocalStore(ObjectStore):
             _fsync_dir(path.parent)
         return self.stat(key)
 
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        """Stream into a temp file (``.rc-tmp-*``); on a clean exit fsync it and ``rename`` it into
+        place (readers never see a partial object); on an exception delete it."""
+        path = self._path(key)
+        self._mkdir_parent(key, path)
+        tmp = path.parent / f"{_TEMP_MARK}{path.name}.{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "xb") as fh:
+                yield fh
+                fh.flush()
+                stamp = _unique_mtime_ns()
+                os.utime(fh.fileno(), ns=(stamp, stamp))
+                if self.fsync:
+                    os.fsync(fh.fileno())
+            try:
+                os.replace(tmp, path)
+            except (IsADirectoryError, NotADirectoryError) as exc:
+                raise self._conflict(key, exc) from None
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        if self.fsync:
+            _fsync_dir(path.parent)
+
     def get(self, key: str) -> bytes:
         path = self._path(key)
         try:

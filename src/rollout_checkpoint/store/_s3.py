@@ -112,6 +112,8 @@ class S3Store(FsspecStore):
     """
 
     fs: s3fs.S3FileSystem
+    write_block_size: int | None = 8 << 20
+    """Part size of :meth:`open_write` uploads (s3fs would buffer 50 MiB; S3's minimum is 5 MiB)."""
     list_page_size: int = 1000
     """Keys per ListObjectsV2 page (1000 is S3's maximum)."""
 
