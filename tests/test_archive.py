@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import json
@@ -723,6 +724,7 @@ def test_shards_are_plain_parquet_for_pyarrow_dataset(local_store: ObjectStore) 
     table = dataset.to_table(
         columns=["rollout_id", "attempt", "key", "revision"],
         filter=(ds.field("kind") == "agent_boundary") & (ds.field("attempt") == 1),
+        use_threads=False,  # no Arrow pool threads left to race interpreter exit (arrow#39862)
     )
     expected = sorted(
         (r.rollout_id, r.attempt, r.record_key, r.index_revision())
@@ -732,13 +734,16 @@ def test_shards_are_plain_parquet_for_pyarrow_dataset(local_store: ObjectStore) 
     assert (
         expected and sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True)) == expected
     )
-    counts = dataset.to_table(columns=["kind"]).group_by("kind").aggregate([("kind", "count")])
+    kinds = dataset.to_table(columns=["kind"], use_threads=False)
+    counts = kinds.group_by("kind").aggregate([("kind", "count")])
     assert dict(zip(counts["kind"].to_pylist(), counts["kind_count"].to_pylist(), strict=True)) == (
         manifest.record_counts
     )
     # and the member index is plain Parquet too
-    index = pq.read_table(root / manifest.index.key)
+    index = pq.read_table(root / manifest.index.key, use_threads=False)
     assert index.num_rows == len(records) and index.schema.field("shard").type == pa.int32()
+    del dataset, table, kinds, counts, index
+    gc.collect()  # drop the scanner while Arrow is fully alive
 
 
 # -- upload order, object count, streaming verification, memory -----------------------------------

@@ -325,7 +325,7 @@ class ObjectStoreTokenStore:
         found: list[tuple[str, TokenSnapshotEntry]] = []
         for shard in new:
             with self.store.open_read(shard) as fh:
-                table = pq.ParquetFile(fh).read(columns=["key", "digest", "length"])
+                table = pq.ParquetFile(fh).read(columns=["key", "digest", "length"], use_threads=False)
             for row, (key, digest, length) in enumerate(
                 zip(
                     table["key"].to_pylist(),
@@ -450,7 +450,7 @@ def load_snapshot(store: str | ObjectStore, receipt: TokenSnapshotReceipt) -> di
 def _read_shard(store: ObjectStore, shard: str) -> pa.Table:
     try:
         with store.open_read(shard) as fh:
-            return pq.ParquetFile(fh).read()
+            return pq.ParquetFile(fh).read(use_threads=False)
     except ObjectNotFoundError:
         raise IntegrityError(f"token shard {shard} is missing", key=shard, problem="missing") from None
     except (pa.ArrowException, OSError) as exc:

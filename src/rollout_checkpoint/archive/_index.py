@@ -218,7 +218,7 @@ class MemberIndex:
         """Parse index bytes; ``InvalidRecordError`` when they do not describe ``shard_count`` shards."""
         try:
             pf = pq.ParquetFile(pa.BufferReader(data))
-            table = pf.read()
+            table = pf.read(use_threads=False)
             # file key-value metadata: the writer adds it when it closes the index (it is not in
             # the Arrow schema stored at the start of the stream)
             meta = pf.metadata.metadata or {}

@@ -287,7 +287,9 @@ class ArchiveReader:
             data = self._shard_data(i, shard)
             pf = pq.ParquetFile(pa.BufferReader(data))
             for rg in range(pf.num_row_groups):
-                table = pf.read_row_group(rg)
+                # use_threads=False everywhere we decode: our row groups are small, and Arrow's
+                # lazily started CPU pool can abort the process at interpreter exit (apache/arrow#34314)
+                table = pf.read_row_group(rg, use_threads=False)
                 if kind is not None:
                     table = table.filter(pc.equal(table["kind"], kind))
                 yield from _raw_rows(table, self.key_of(shard.key))
@@ -324,7 +326,7 @@ class ArchiveReader:
             _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(ref.shard)
         )
         try:
-            table = pf.read_row_group(ref.row_group).slice(ref.row, 1)
+            table = pf.read_row_group(ref.row_group, use_threads=False).slice(ref.row, 1)
         except (pa.ArrowException, OSError) as exc:
             raise IntegrityError(
                 f"{shard_key}: row group {ref.row_group} cannot be decoded: {exc}",

@@ -496,7 +496,8 @@ class ArchiveWriter:
             with self.store.open_read(join_key(self.prefix, entry.key)) as fh:
                 pf = pq.ParquetFile(fh)
                 row_groups = [
-                    pf.read_row_group(rg, columns=INDEX_MEMBER_COLUMNS) for rg in range(pf.num_row_groups)
+                    pf.read_row_group(rg, columns=INDEX_MEMBER_COLUMNS, use_threads=False)
+                    for rg in range(pf.num_row_groups)
                 ]
             writer.add_shard(row_groups, spans)
         return writer
@@ -552,7 +553,7 @@ class ArchiveWriter:
                 n = pf.metadata.row_group(rg).num_rows
                 local = [p - start for p in positions if start <= p < start + n]
                 if local:
-                    table = pf.read_row_group(rg, columns=cols).take(local)
+                    table = pf.read_row_group(rg, columns=cols, use_threads=False).take(local)
                     for row in zip(*(table[c].to_pylist() for c in cols), strict=True):
                         if row in seen:
                             return row
