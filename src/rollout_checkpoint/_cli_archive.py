@@ -11,12 +11,13 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ._cli_common import EndpointOpt, JsonOpt, UrlArg
 from ._cli_common import console as _console
 from ._cli_common import fail as _fail
 from .archive import ArchiveReader, component_prefixes
@@ -223,16 +224,6 @@ def _render_inspect(report: dict[str, Any], console: Console) -> None:
         console.print(table)
     if not report["components"] and not report["other_objects"]:
         console.print("nothing stored here")
-
-
-UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
-EndpointOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS_ENDPOINT_URL)."
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 
 def inspect_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from .errors import CheckpointError
 
-__all__ = ["console", "fail"]
+__all__ = ["EndpointOpt", "JsonOpt", "UrlArg", "console", "fail"]
+
+UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS_ENDPOINT_URL)."
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 
 def console(stderr: bool = False) -> Console:

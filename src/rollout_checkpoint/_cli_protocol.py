@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ._cli_archive import Finding, open_cli_store, register_verifier
+from ._cli_common import EndpointOpt, JsonOpt, UrlArg
 from ._cli_common import console as _console
 from ._cli_common import fail as _fail
 from .coordinator import CheckpointOutcome, Coordinator, RestoreOutcome
@@ -169,14 +170,6 @@ def _open(url: str, endpoint_url: str | None) -> ObjectStore:
     return open_cli_store(url, endpoint_url)
 
 
-UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
-EndpointOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (default: AWS_ENDPOINT_URL)."
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 CheckpointOpt = Annotated[
     str | None, typer.Option("--checkpoint", help="Checkpoint id (default: the latest published).")
 ]
