@@ -28,6 +28,7 @@ from .participants import AgentParticipant, PolicyModelParticipant, ResourcesPar
 from .records import AgentBoundaryRecord
 from .recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
 from .registry import LiveExecutionRegistry
+from .retention import DEFAULT_MIN_AGE_S, collect_garbage
 from .store import ObjectInfo, ObjectStore, open_store
 from .tokens import ObjectStoreTokenStore, TokenEntry, TokenPutReceipt
 
@@ -35,6 +36,7 @@ __all__ = [
     "DemoDeployment",
     "classify_command",
     "demo_command",
+    "gc_command",
     "list_command",
     "register",
     "verify_published_checkpoints",
@@ -173,6 +175,50 @@ def _open(url: str, endpoint_url: str | None) -> ObjectStore:
 CheckpointOpt = Annotated[
     str | None, typer.Option("--checkpoint", help="Checkpoint id (default: the latest published).")
 ]
+
+
+# -- gc --------------------------------------------------------------------------------------------
+
+
+def gc_command(
+    url: UrlArg,
+    keep: Annotated[int, typer.Option("--keep", min=1, help="Published checkpoints to keep.")] = 2,
+    min_age: Annotated[
+        float,
+        typer.Option(
+            "--min-age",
+            min=0.0,
+            help="Seconds an unpublished leftover must have been seen by gc before it is deleted "
+            "(keep it far above any checkpoint cycle's deadline).",
+        ),
+    ] = DEFAULT_MIN_AGE_S,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be deleted; change nothing.")
+    ] = False,
+    endpoint_url: EndpointOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Keep the newest K published checkpoints; unpublish, then delete, the rest and old leftovers.
+
+    Never deletes the checkpoint the latest pointer names or any object a kept checkpoint
+    references. Unpublished leftovers are deleted only once gc has seen them for --min-age seconds.
+    """
+    try:
+        report = collect_garbage(_open(url, endpoint_url), keep=keep, min_age_s=min_age, dry_run=dry_run)
+    except CheckpointError as exc:
+        raise _fail(exc, as_json) from None
+    if as_json:
+        print(json.dumps({"ok": True, "url": url, **report.to_json()}))
+        return
+    console = _console()
+    verb = "would delete" if dry_run else "deleted"
+    console.print(f"kept: {', '.join(report.kept) or '-'}")
+    console.print(f"unpublished: {', '.join(report.unpublished) or '-'}")
+    console.print(
+        f"{verb} {len(report.deleted_prefixes)} checkpoint prefix(es), {report.deleted_objects} object(s)"
+    )
+    for cid, age in sorted(report.leftovers_waiting.items()):
+        console.print(f"leftover {cid}: seen {age:.0f} s ago, deleted after {min_age:.0f} s")
 
 
 # -- list ------------------------------------------------------------------------------------------
@@ -362,3 +408,4 @@ def register(app: typer.Typer) -> None:
     app.command("list")(list_command)
     app.command("classify")(classify_command)
     app.command("demo")(demo_command)
+    app.command("gc")(gc_command)
