@@ -12,8 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
+
+# Shared, noisy machines: no per-example deadlines. In CI the examples are derandomized so a run
+# is reproducible; locally hypothesis keeps exploring new examples.
+settings.register_profile("rollout-checkpoint", deadline=None, print_blob=True)
+settings.register_profile("ci", parent=settings.get_profile("rollout-checkpoint"), derandomize=True)
+settings.load_profile("ci" if os.environ.get("CI") else "rollout-checkpoint")
 
 S3_ENV = "ROLLOUT_CHECKPOINT_TEST_S3_ENDPOINT"
 
