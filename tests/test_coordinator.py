@@ -37,7 +37,7 @@ from rollout_checkpoint.participants import AgentParticipant, PolicyModelPartici
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
-from rollout_checkpoint.store import FsspecStore, MemoryStore, ObjectStore
+from rollout_checkpoint.store import CountingStore, FsspecStore, MemoryStore, ObjectStore
 from rollout_checkpoint.tokens import ObjectStoreTokenStore
 
 
@@ -571,4 +571,54 @@ def test_failed_restore_with_reference_participants_is_rolled_back() -> None:
     assert len(second.registry) == 0
     with pytest.raises(StaleAttemptError):
         second.agent.begin(ex("cont", 1))
+    second.close()
+
+
+def test_end_to_end_with_reference_participants_on_every_backend(any_store: ObjectStore) -> None:
+    """The whole story on local disk, memory and S3 (moto server): live rollouts -> checkpoint ->
+    crash -> classify from indexes only -> restore at attempt N+1 -> resume -> next checkpoint."""
+    first = RealWorld(any_store)
+    cont = first.start("cont")
+    first.turn(cont, "c1", 1)
+    first.turn(cont, "c2", 2)
+    queued = first.registry.dispatch("queued")
+    done = first.start("done")
+    first.agent.finish(done)
+    first.resources.end_session(done, "s")
+    first.registry.finish(done)
+    first.registry.hand_off(done, {"answer": 42}, reward=1.0)
+    outcome = first.coordinator.checkpoint()
+    assert outcome.clean
+    first.close()  # the crash: every in-memory participant is gone
+
+    counting = CountingStore(any_store)
+    plan = load_checkpoint(counting)
+    assert {r: p.disposition for r, p in plan.rollouts.items()} == {
+        "cont": "continue",
+        "done": "completed",
+        "queued": "fresh_dispatch",
+    }
+    assert not [k for k in counting.keys_read if "/shards/" in k], "classification read a shard payload"
+    verify_checkpoint(any_store, outcome.checkpoint_id)
+
+    second = RealWorld(any_store)
+    restored = second.coordinator.restore()
+    second.coordinator.resume(restored.restore_id)
+    nxt = ex("cont", 1)
+    boundary = second.agent.begin(nxt)
+    assert boundary is not None and boundary.boundary_index == 2 and boundary.last_model_call_id == "c2"
+    assert second.resources.state(nxt, "s") == ({"n": 2}, 2)
+    second.agent.start_turn(nxt)
+    second.turn(nxt, "c3", 3)
+    assert [c.parent_call_id for c in second.model.lineage(nxt) if c.call_id == "c3"] == ["c2"]
+    second.refused_everywhere(cont)
+    fresh = second.registry.get("queued")
+    assert (fresh.attempt, fresh.state) == (queued.attempt + 1, "queued")  # re-dispatched from its input
+    assert (second.registry.get("done").state, second.registry.get("cont").attempt) == ("handed_off", 1)
+    again = second.coordinator.checkpoint()
+    assert again.record.sequence == outcome.record.sequence + 1
+    later = load_checkpoint(any_store)
+    assert later.checkpoint_id == again.checkpoint_id
+    assert later.rollouts["cont"].attempt == 1 and later.rollouts["cont"].disposition == "continue"
+    assert later.rollouts["done"].disposition == "completed"
     second.close()
