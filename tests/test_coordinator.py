@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
 import pytest
 
 from _protocol_fakes import Deployment, FakeTokens, ScriptedParticipant, ex
+from _reference_world import RealWorld
 from rollout_checkpoint import layout
 from rollout_checkpoint.control import ParticipantControl, Phase
 from rollout_checkpoint.coordinator import (
@@ -30,15 +31,10 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
     StaleCheckpointError,
 )
-from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.manifests import list_published, read_latest
-from rollout_checkpoint.participant import Participant
-from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
-from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import CountingStore, FsspecStore, MemoryStore, ObjectStore
-from rollout_checkpoint.tokens import ObjectStoreTokenStore
 
 
 class InjectedFault(RuntimeError):
@@ -128,6 +124,7 @@ def test_the_step_list_covers_every_write_call_and_the_commit_point() -> None:
         "commit",
         "put",
         "put_if_absent",
+        "open_write",
         "validate",
         "token_snapshot",
         "publish",
@@ -157,7 +154,15 @@ def test_fault_at_every_step(k: int) -> None:
     dep.coordinator.fault_hook = hook
     commit_point = STEPS.index("publish")
     cid = f"ck-fault-{k}"
-    if k <= commit_point:
+    if STEPS[k].startswith("open_write:"):
+        # a member-index stream that fails to open is rebuilt by the archive writer from the
+        # shards it already uploaded: the cycle recovers and publishes a complete checkpoint
+        outcome = dep.coordinator.checkpoint(cid)
+        assert outcome.clean and seen[k].startswith("open_write:")
+        assert _published(store) == sorted([baseline, cid])
+        verify_checkpoint(store, cid)
+        assert _latest(store) == cid
+    elif k <= commit_point:
         with pytest.raises(InjectedFault):
             dep.coordinator.checkpoint(cid)
         assert _published(store) == [baseline]
@@ -421,69 +426,6 @@ def test_restore_of_a_rejected_checkpoint_touches_nothing(dep: Deployment) -> No
 # -- the same guarantees with the reference participants (no scripted fakes) ------------------------
 
 
-class RealWorld:
-    """One process: the three reference participants, a registry, the reference token store."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        self.tokens = ObjectStoreTokenStore(store)
-        self.agent = AgentParticipant("agent-0")
-        self.model = PolicyModelParticipant(self.tokens, "policy-0")
-        self.resources = ResourcesParticipant("res-0", mode="exported")
-        self.participants: list[Participant] = [self.agent, self.model, self.resources]
-        self.registry = LiveExecutionRegistry()
-        self.coordinator = Coordinator(store, self.participants, self.registry, self.tokens)
-
-    def close(self) -> None:
-        for participant in self.participants:
-            participant.close()
-
-    def turn(self, execution: ExecutionId, call_id: str, index: int) -> None:
-        with self.model.call(execution, call_id, policy_version="v1") as call:
-            call.stage(prompt_token_ids=[1, 2], generation_token_ids=[3], generation_log_probs=[-0.5])
-        revision = self.resources.mutate(execution, "s", lambda s: {"n": s["n"] + 1})
-        self.agent.boundary(
-            execution,
-            AgentBoundaryRecord(
-                rollout_id=execution.rollout_id,
-                attempt=execution.attempt,
-                boundary_index=index,
-                turn_index=index,
-                last_model_call_id=call_id,
-                resource_revisions={"s": revision},
-            ),
-        )
-
-    def start(self, rollout_id: str) -> ExecutionId:
-        execution = self.registry.dispatch(rollout_id, input_digest=rollout_id)
-        self.registry.start(execution)
-        self.agent.begin(execution)
-        self.resources.open_session(execution, "s", {"n": 0})
-        return execution
-
-    def refused_everywhere(self, execution: ExecutionId) -> None:
-        """Every public entry point of every participant (and the registry) answers stale_attempt
-        for ``execution`` and changes nothing."""
-        before = [p.status() for p in self.participants]
-        attempts: list[Callable[[], object]] = [
-            lambda: self.agent.begin(execution),
-            lambda: self.agent.start_turn(execution),
-            lambda: self.agent.finish(execution),
-            lambda: self.model.admit(execution, "late-call", policy_version="v1"),
-            lambda: self.resources.open_session(execution, "late", {"n": 0}),
-            lambda: self.resources.mutate(execution, "s", lambda s: s),
-            lambda: self.resources.end_session(execution, "s"),
-            lambda: self.registry.check(execution),
-        ]
-        attempts += [
-            (lambda p=p: p.declare_unsafe_effect(execution, "late effect")) for p in self.participants
-        ]
-        for attempt in attempts:
-            with pytest.raises(StaleAttemptError) as info:
-                attempt()
-            assert info.value.code == "stale_attempt"
-        assert [p.status() for p in self.participants] == before
-
-
 def test_reference_participants_fence_restored_attempts_and_keep_tombstones_across_restores() -> None:
     store = _fresh_store()
     first = RealWorld(store)
@@ -622,3 +564,19 @@ def test_end_to_end_with_reference_participants_on_every_backend(any_store: Obje
     assert later.rollouts["cont"].attempt == 1 and later.rollouts["cont"].disposition == "continue"
     assert later.rollouts["done"].disposition == "completed"
     second.close()
+
+
+def test_cycle_streams_member_indexes_to_the_store(local_store: ObjectStore) -> None:
+    """The coordinator's fault-injection wrapper forwards streamed writes: each component's member
+    index reaches the backend through ``open_write``, never buffered whole into one ``put``."""
+    counting = CountingStore(local_store)
+    world = RealWorld(counting)
+    world.turn(world.start("cont"), "c1", 1)
+    steps: list[str] = []
+    world.coordinator.fault_hook = steps.append
+    outcome = world.coordinator.checkpoint()
+    world.close()
+    components = len(outcome.record.components)
+    assert components == 4  # agent, model, resources, framework registry
+    assert counting.requests["open_write"] == components
+    assert len([s for s in steps if s.startswith("open_write:") and "/index-" in s]) == components

@@ -239,3 +239,25 @@ def test_list_published_newest_first(memory_store: ObjectStore) -> None:
     assert [p.checkpoint_id for p in listed] == ["ck-3", "ck-2", "ck-1", "broken"]
     assert [p.latest for p in listed] == [False, True, False, False]
     assert listed[-1].record is None and listed[-1].error
+
+
+@pytest.mark.parametrize("version", [99, 99.0, "99"])
+def test_newer_schema_refused_whatever_its_json_type(memory_store: ObjectStore, version: object) -> None:
+    """Global record and component manifest alike: pydantic's lax mode must not let a newer
+    schema written as a float or a string through as an int."""
+    from rollout_checkpoint.archive import parse_component_manifest
+
+    newer = json.loads(_record("new").to_bytes())
+    newer["schema_version"] = version
+    memory_store.put(layout.published_key("new"), canonical_json(newer))
+    with pytest.raises(UnsupportedSchemaError):
+        read_record(memory_store, "new")
+    with pytest.raises(UnsupportedSchemaError):
+        parse_component_manifest(json.dumps({"schema_version": version}).encode())
+
+
+def test_record_base_is_abstract() -> None:
+    from rollout_checkpoint.records import Record
+
+    with pytest.raises(TypeError):
+        Record(rollout_id="r", attempt=0)  # type: ignore[abstract]

@@ -18,38 +18,25 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from _reference_world import RealWorld
 from rollout_checkpoint.control import Phase
-from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.manifests import list_published
-from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
-from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import MemoryStore
-from rollout_checkpoint.tokens import ObjectStoreTokenStore
 
 ROLLOUTS = [f"r{i}" for i in range(5)]
 SESSION = "s"
 
 
-class World:
-    """One deployment: the three reference participants, a registry, a coordinator."""
+class World(RealWorld):
+    """The reference deployment plus the number of turns each rollout has taken."""
 
     def __init__(self, store: MemoryStore) -> None:
-        self.tokens = ObjectStoreTokenStore(store)
-        self.agent = AgentParticipant("agent-0")
-        self.model = PolicyModelParticipant(self.tokens, "policy-0")
-        self.resources = ResourcesParticipant("res-0", mode="exported")
-        self.participants = [self.agent, self.model, self.resources]
-        self.registry = LiveExecutionRegistry()
-        self.coordinator = Coordinator(store, self.participants, self.registry, self.tokens)
+        super().__init__(store)
         self.turns: dict[str, int] = {}
-
-    def close(self) -> None:
-        for participant in self.participants:
-            participant.close()
 
 
 class ProtocolMachine(RuleBasedStateMachine):

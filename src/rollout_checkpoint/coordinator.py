@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Protocol, TypeVar
@@ -63,7 +64,7 @@ from .manifests import (
 )
 from .recovery import RecoveryPlan, TokenSnapshotLoader, load_checkpoint
 from .registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
-from .store import ObjectInfo, ObjectStore, PutResult, open_store
+from .store import DelegatingStore, ObjectInfo, ObjectStore, PutResult, open_store
 
 __all__ = [
     "RETIRE_ORDER",
@@ -149,18 +150,20 @@ class RestoreOutcome:
     restored: dict[str, tuple[ExecutionId, ...]]
 
 
-class _HookedStore(ObjectStore):
-    """Delegates to ``inner`` and calls the step hook before every write (fault injection)."""
+class _HookedStore(DelegatingStore):
+    """Calls the step hook before every write it forwards (fault injection at each object)."""
 
     def __init__(self, inner: ObjectStore, step: Callable[[str], None]) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.capabilities = inner.capabilities
+        super().__init__(inner)
         self._step = step
 
     def put(self, key: str, data: bytes) -> ObjectInfo:
         self._step(f"put:{key}")
         return self.inner.put(key, data)
+
+    def open_write(self, key: str) -> AbstractContextManager[BinaryIO]:
+        self._step(f"open_write:{key}")
+        return self.inner.open_write(key)
 
     def put_if_absent(self, key: str, data: bytes) -> PutResult:
         self._step(f"put_if_absent:{key}")
@@ -173,27 +176,6 @@ class _HookedStore(ObjectStore):
     def delete(self, key: str) -> None:
         self._step(f"delete:{key}")
         self.inner.delete(key)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self.inner.get_range(key, start, end)
-
-    def open_read(self, key: str) -> BinaryIO:
-        return self.inner.open_read(key)
-
-    def stat(self, key: str) -> ObjectInfo:
-        return self.inner.stat(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def require_atomic_commits(self, *, accept_risk: bool = False) -> None:
-        self.inner.require_atomic_commits(accept_risk=accept_risk)
 
 
 def _name(participant: ParticipantControl) -> str:

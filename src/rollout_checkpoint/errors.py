@@ -32,6 +32,7 @@ __all__ = [
     "UnknownExecutionError",
     "UnsupportedSchemaError",
     "VersionChangedError",
+    "refuse_newer_schema",
 ]
 
 
@@ -63,6 +64,34 @@ class UnsupportedSchemaError(CheckpointError):
     """A stored record or manifest uses a schema version newer than this reader knows."""
 
     code = "unsupported_schema"
+
+
+def refuse_newer_schema(what: str, version: object, supported: int) -> None:
+    """Raise :class:`UnsupportedSchemaError` if a stored ``schema_version`` is newer than ``supported``.
+
+    Checked on the raw stored value, before validation (so a newer object is refused as newer,
+    not as invalid), and for every JSON type pydantic's lax mode would coerce to a number
+    (``2``, ``2.0``, ``"2"``); anything else is left to validation.
+    """
+    if isinstance(version, bool):
+        return
+    number: float
+    if isinstance(version, int | float):
+        number = version
+    elif isinstance(version, str):
+        try:
+            number = float(version)
+        except ValueError:
+            return
+    else:
+        return
+    if number > supported:
+        raise UnsupportedSchemaError(
+            f"{what} has schema_version {version}; this reader knows {supported} at most "
+            "(upgrade rollout-checkpoint)",
+            schema_version=version,
+            supported=supported,
+        )
 
 
 class InvalidRecordError(CheckpointError, ValueError):

@@ -37,6 +37,7 @@ from .errors import (
     StoreError,
     UnsupportedSchemaError,
     VersionChangedError,
+    refuse_newer_schema,
 )
 from .ids import Identifier, validate_id
 from .store import ObjectStore
@@ -98,14 +99,7 @@ class _Model(BaseModel):
     @classmethod
     def _refuse_newer_schema(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            version = data.get("schema_version", MANIFEST_SCHEMA_VERSION)
-            if isinstance(version, int) and version > MANIFEST_SCHEMA_VERSION:
-                raise UnsupportedSchemaError(
-                    f"{cls.__name__} has schema_version {version}; this reader knows "
-                    f"{MANIFEST_SCHEMA_VERSION} at most (upgrade rollout-checkpoint)",
-                    schema_version=version,
-                    supported=MANIFEST_SCHEMA_VERSION,
-                )
+            refuse_newer_schema(cls.__name__, data.get("schema_version"), MANIFEST_SCHEMA_VERSION)
         return data
 
     def to_bytes(self) -> bytes:

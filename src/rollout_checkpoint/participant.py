@@ -144,7 +144,7 @@ class Participant(abc.ABC):
         topology: WorkerTopology = "single_process",
         concurrency: ConcurrencyContract = "per_session_serialized",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if lease_grace_seconds < 0:
             raise ValueError("lease_grace_seconds must be >= 0")
@@ -156,7 +156,7 @@ class Participant(abc.ABC):
             concurrency=concurrency,
         )
         self.lease_grace_seconds = float(lease_grace_seconds)
-        self._clock = clock
+        self._clock = clock if clock is not None else time.time
         self._cond = threading.Condition(threading.RLock())
         # Serializes commit and restore, whose object-store I/O runs outside ``_cond``.
         self._op_gate = threading.Lock()

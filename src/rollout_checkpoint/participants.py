@@ -84,7 +84,6 @@ class AgentParticipant(Participant):
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        kwargs: dict[str, Any] = {} if clock is None else {"clock": clock}
         super().__init__(
             kind="agent",
             instance=instance,
@@ -92,7 +91,7 @@ class AgentParticipant(Participant):
             topology=topology,
             concurrency="per_session_serialized",
             lease_grace_seconds=lease_grace_seconds,
-            **kwargs,
+            clock=clock,
         )
         self._runs: dict[ExecutionId, _AgentRun] = {}
         # Indexes kept in step with ``_runs`` so readiness costs O(blockers), not O(runs).
@@ -290,7 +289,6 @@ class ResourcesParticipant(Participant):
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        kwargs: dict[str, Any] = {} if clock is None else {"clock": clock}
         super().__init__(
             kind=kind,
             instance=instance,
@@ -298,7 +296,7 @@ class ResourcesParticipant(Participant):
             topology=topology,
             concurrency="per_session_serialized",
             lease_grace_seconds=lease_grace_seconds,
-            **kwargs,
+            clock=clock,
         )
         self.codec: StateCodec = codec if codec is not None else JsonCodec()
         self._sessions: dict[tuple[ExecutionId, str], _Session] = {}
@@ -553,7 +551,6 @@ class PolicyModelParticipant(Participant):
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        kwargs: dict[str, Any] = {} if clock is None else {"clock": clock}
         super().__init__(
             kind="model",
             instance=instance,
@@ -561,7 +558,7 @@ class PolicyModelParticipant(Participant):
             topology=topology,
             concurrency="declared_safe",
             lease_grace_seconds=lease_grace_seconds,
-            **kwargs,
+            clock=clock,
         )
         self.token_sink = token_sink
         self.lineage_store = lineage_store

@@ -9,12 +9,13 @@ never pickles.
 
 from __future__ import annotations
 
+import abc
 import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from .errors import InvalidRecordError, UnsupportedSchemaError
+from .errors import InvalidRecordError, refuse_newer_schema
 from .ids import ExecutionId, Identifier
 
 __all__ = [
@@ -45,7 +46,7 @@ RecordKind = Literal[
 ]
 
 
-class Record(BaseModel):
+class Record(BaseModel, abc.ABC):
     """Common fields of every record kind."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
@@ -59,37 +60,17 @@ class Record(BaseModel):
     @classmethod
     def _refuse_newer_schema(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            version = data.get("schema_version", RECORD_SCHEMA_VERSION)
-            if isinstance(version, int) and version > RECORD_SCHEMA_VERSION:
-                raise UnsupportedSchemaError(
-                    f"{cls.__name__} has schema_version {version}; this reader knows "
-                    f"{RECORD_SCHEMA_VERSION} at most (upgrade rollout-checkpoint)",
-                    schema_version=version,
-                    supported=RECORD_SCHEMA_VERSION,
-                )
+            refuse_newer_schema(cls.__name__, data.get("schema_version"), RECORD_SCHEMA_VERSION)
         return data
-
-    @model_validator(mode="after")
-    def _refuse_newer_schema_after_coercion(self) -> Record:
-        # The check above sees raw input only; pydantic's lax mode turns "2" or 2.0 into 2, which
-        # must be refused just the same.
-        if self.schema_version > RECORD_SCHEMA_VERSION:
-            raise UnsupportedSchemaError(
-                f"{type(self).__name__} has schema_version {self.schema_version}; this reader knows "
-                f"{RECORD_SCHEMA_VERSION} at most (upgrade rollout-checkpoint)",
-                schema_version=self.schema_version,
-                supported=RECORD_SCHEMA_VERSION,
-            )
-        return self
 
     @property
     def execution(self) -> ExecutionId:
         return ExecutionId(rollout_id=self.rollout_id, attempt=self.attempt)
 
     @property
+    @abc.abstractmethod
     def record_key(self) -> str:
-        """Unique within (kind, rollout_id, attempt); subclasses say which field it is."""
-        raise NotImplementedError
+        """Unique within (kind, rollout_id, attempt); each record kind says which field it is."""
 
     def to_payload(self) -> bytes:
         """The canonical JSON bytes stored in a shard's ``payload`` column."""

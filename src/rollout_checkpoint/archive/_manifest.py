@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..errors import InvalidIdentifierError, InvalidRecordError, UnsupportedSchemaError
+from ..errors import InvalidIdentifierError, InvalidRecordError, refuse_newer_schema
 from ..ids import Identifier, validate_key
 
 __all__ = [
@@ -155,18 +155,7 @@ def parse_component_manifest(data: bytes | str) -> ComponentManifest:
         raise InvalidRecordError(f"component manifest is not JSON: {exc}") from None
     if not isinstance(loaded, dict):
         raise InvalidRecordError("component manifest must be a JSON object")
-    version = loaded.get("schema_version")
-    if (
-        isinstance(version, int)
-        and not isinstance(version, bool)
-        and version > COMPONENT_MANIFEST_SCHEMA_VERSION
-    ):
-        raise UnsupportedSchemaError(
-            f"component manifest has schema_version {version}; this reader knows "
-            f"{COMPONENT_MANIFEST_SCHEMA_VERSION} at most (upgrade rollout-checkpoint)",
-            schema_version=version,
-            supported=COMPONENT_MANIFEST_SCHEMA_VERSION,
-        )
+    refuse_newer_schema("component manifest", loaded.get("schema_version"), COMPONENT_MANIFEST_SCHEMA_VERSION)
     try:
         return ComponentManifest.model_validate(loaded)
     except ValidationError as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 from ._counting import CountingStore
+from ._delegating import DelegatingStore
 from ._fsspec import FsspecStore, MemoryStore
 from ._local import LocalStore
 from ._open import open_store
@@ -20,6 +21,7 @@ from ._retry import RetryPolicy, is_transient
 
 __all__ = [
     "CountingStore",
+    "DelegatingStore",
     "FsspecStore",
     "LocalStore",
     "MemoryStore",

@@ -96,9 +96,9 @@ class ObjectStore(abc.ABC):
         pointers) are never written this way but with one ``put_if_absent`` / ``put_if_match``.
 
         Backends stream the bytes (local disk: temp file, fsync, rename; fsspec/S3: the
-        filesystem's buffered writer, multipart on S3). This default, used by delegating
-        wrappers, buffers the bytes in memory and makes one :meth:`put` on a clean exit, so the
-        wrapper sees the object like any other put.
+        filesystem's buffered writer, multipart on S3); wrappers (``DelegatingStore``) forward
+        it. This default, for a backend with no streaming writer, buffers the bytes in memory
+        and makes one :meth:`put` on a clean exit.
 
         On fsspec object stores a failure *while finishing* the upload (or a backend that cannot
         discard) may still leave a partial object under ``key``; only a manifest that records the

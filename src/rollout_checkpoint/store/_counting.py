@@ -14,12 +14,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, cast
 
-from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
+from ._base import ObjectInfo, ObjectStore, PutResult
+from ._delegating import DelegatingStore
 
 __all__ = ["CountingStore"]
 
 
-class CountingStore(ObjectStore):
+class CountingStore(DelegatingStore):
     """Wraps ``inner`` and counts calls made *through the wrapper*.
 
     * ``requests``: calls per operation name (``"get"``, ``"put_if_absent"``, ...);
@@ -33,22 +34,13 @@ class CountingStore(ObjectStore):
     """
 
     def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.url = inner.url
+        super().__init__(inner)
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
         self.bytes_read = 0
         self.bytes_written = 0
         self.bytes_read_by_key: Counter[str] = Counter()
         self.keys_read: set[str] = set()
-
-    @property
-    def capabilities(self) -> StoreCapabilities:
-        return self.inner.capabilities
-
-    @capabilities.setter
-    def capabilities(self, value: StoreCapabilities) -> None:
-        raise AttributeError("CountingStore.capabilities are the inner store's")
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def reset(self) -> None:
@@ -130,12 +122,6 @@ class CountingStore(ObjectStore):
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         self._request("put_if_match", written=len(data))
         return self.inner.put_if_match(key, data, version)
-
-    def require_atomic_commits(self, *, accept_risk: bool = False) -> None:
-        self.inner.require_atomic_commits(accept_risk=accept_risk)
-
-    def __repr__(self) -> str:
-        return f"CountingStore({self.inner!r})"
 
 
 class _CountingReader(io.RawIOBase):
