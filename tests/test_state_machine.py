@@ -23,7 +23,6 @@ from rollout_checkpoint.control import Phase
 from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.manifests import list_published
-from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import MemoryStore
 
@@ -84,22 +83,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         world = self.world
         self.calls += 1
         call_id = f"c{self.calls}"
-        with world.model.call(execution, call_id, policy_version="v1") as call:
-            call.stage(prompt_token_ids=[1, 2], generation_token_ids=[3], generation_log_probs=[-0.5])
-        revision = world.resources.mutate(execution, SESSION, lambda s: {"n": s["n"] + 1})
         index = world.turns.get(execution.rollout_id, 0) + 1
         world.turns[execution.rollout_id] = index
-        world.agent.boundary(
-            execution,
-            AgentBoundaryRecord(
-                rollout_id=execution.rollout_id,
-                attempt=execution.attempt,
-                boundary_index=index,
-                turn_index=index,
-                last_model_call_id=call_id,
-                resource_revisions={SESSION: revision},
-            ),
-        )
+        world.turn(execution, call_id, index)  # model call, resources mutation, agent boundary
 
     @precondition(lambda self: not self.crashed)
     @rule(data=st.data())
