@@ -22,7 +22,7 @@ from _reference_world import RealWorld
 from rollout_checkpoint.control import Phase
 from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.manifests import list_published
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import MemoryStore
 

@@ -45,6 +45,7 @@ from .errors import (
     ManifestConflictError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SequenceTakenError,
     StaleAttemptError,
     StaleCheckpointError,
     StoreError,
@@ -55,7 +56,7 @@ from .errors import (
 )
 from .fencing import AttemptFence
 from .ids import ExecutionId, validate_id
-from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, PublishedCheckpoint
+from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, SequenceClaim
 from .participant import Participant
 from .participants import (
     AgentParticipant,
@@ -65,6 +66,7 @@ from .participants import (
     ResourcesParticipant,
     StateCodec,
 )
+from .published import PublishedCheckpoint
 from .records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
@@ -75,7 +77,14 @@ from .records import (
     ResourceSnapshotRecord,
     TokenStoreReceipt,
 )
-from .recovery import RecoveryPlan, RolloutPlan, list_checkpoints, load_checkpoint, verify_checkpoint
+from .recovery import (
+    RecoveryPlan,
+    RolloutPlan,
+    SkippedCheckpoint,
+    list_checkpoints,
+    load_checkpoint,
+    verify_checkpoint,
+)
 from .registry import LiveExecutionRegistry
 from .retention import GcReport, collect_garbage
 from .store import (
@@ -158,6 +167,9 @@ __all__ = [
     "PolicyModelParticipant",
     "PrepareReport",
     "PublishedCheckpoint",
+    "SequenceClaim",
+    "SequenceTakenError",
+    "SkippedCheckpoint",
     "Record",
     "RecoveryPlan",
     "ResourceSnapshotRecord",

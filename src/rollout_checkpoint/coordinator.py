@@ -46,6 +46,7 @@ from .errors import (
     InvalidPhaseError,
     ManifestConflictError,
     ObjectExistsError,
+    SequenceTakenError,
     TransientStoreError,
 )
 from .ids import ExecutionId, validate_id
@@ -59,9 +60,9 @@ from .manifests import (
     new_checkpoint_id,
     new_commit_token,
     publish_record,
-    read_latest,
     write_aggregate,
 )
+from .published import iter_candidates, next_sequence
 from .recovery import RecoveryPlan, TokenSnapshotLoader, load_checkpoint
 from .registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
 from .store import DelegatingStore, ObjectInfo, ObjectStore, PutResult, open_store
@@ -91,6 +92,8 @@ _RETRYABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, Tr
 (idempotent) call is repeated. A ``CheckpointError`` is an answer and is never retried."""
 
 T = TypeVar("T")
+
+_SEQUENCE_ATTEMPTS = 32
 
 
 class CheckpointNotReadyError(CheckpointError):
@@ -384,26 +387,13 @@ class Coordinator:
                 now = time.perf_counter()
                 timings["tokens"], mark = now - mark, now
 
-                # 7. THE COMMIT POINT: the global checkpoint record, create-only
-                pointer = read_latest(self.store)
-                previous = pointer[0] if pointer is not None else None
-                sequence = max(self._last_sequence, previous.sequence if previous else 0) + 1
-                record = GlobalCheckpointRecord(
-                    checkpoint_id=cid,
-                    sequence=sequence,
-                    created_at=created_at,
-                    commit_token=token,
-                    coordinator_id=self.coordinator_id,
-                    previous_checkpoint_id=previous.checkpoint_id if previous else None,
-                    aggregate=aggregate_ref,
-                    components=components,
-                    token_snapshot=receipt,
-                    framework_state=framework_state,
-                    counts=self.registry.counts(),
-                )
+                # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
                 self._check_deadline(cid, deadline, "publish")
                 self._step("publish")
-                record_ref = publish_record(self.store, record)
+                record, record_ref = self._publish(
+                    cid, token, created_at, aggregate_ref, components, receipt, framework_state
+                )
+                sequence = record.sequence
             except BaseException as exc:
                 self._abort(cid, touched, deadline)
                 if isinstance(exc, ObjectExistsError):
@@ -439,6 +429,42 @@ class Coordinator:
             pause_seconds=now - started,
             publish_seconds=publish_seconds,
             timings=timings,
+        )
+
+    def _publish(
+        self,
+        cid: str,
+        token: str,
+        created_at: datetime,
+        aggregate_ref: ObjectRef,
+        components: list[ComponentRef],
+        receipt: dict[str, JsonValue] | None,
+        framework_state: JsonValue,
+    ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
+        """Claim the next sequence (derived from the published log, never from ``latest.json``)
+        and create the record; a sequence another publisher won is retried one later."""
+        for _ in range(_SEQUENCE_ATTEMPTS):
+            newest = next(iter_candidates(self.store), None)
+            record = GlobalCheckpointRecord(
+                checkpoint_id=cid,
+                sequence=next_sequence(self.store, self._last_sequence),
+                created_at=created_at,
+                commit_token=token,
+                coordinator_id=self.coordinator_id,
+                previous_checkpoint_id=newest.checkpoint_id if newest is not None else None,
+                aggregate=aggregate_ref,
+                components=components,
+                token_snapshot=receipt,
+                framework_state=framework_state,
+                counts=self.registry.counts(),
+            ).sealed()
+            try:
+                return record, publish_record(self.store, record)
+            except SequenceTakenError:
+                log.info("checkpoint %s: sequence %d taken by another publisher", cid, record.sequence)
+        raise ManifestConflictError(
+            f"checkpoint {cid}: lost the race for a sequence number {_SEQUENCE_ATTEMPTS} times in a row",
+            checkpoint_id=cid,
         )
 
     def _validate(self, cid: str, participant: ParticipantControl, reply: CommitReply) -> ComponentRef:

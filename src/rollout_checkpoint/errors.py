@@ -25,6 +25,7 @@ __all__ = [
     "ManifestConflictError",
     "ObjectExistsError",
     "ObjectNotFoundError",
+    "SequenceTakenError",
     "StaleAttemptError",
     "StaleCheckpointError",
     "StoreError",
@@ -149,6 +150,12 @@ class ManifestConflictError(CheckpointError):
     """A different manifest was already committed at the same place."""
 
     code = "manifest_conflict"
+
+
+class SequenceTakenError(ManifestConflictError):
+    """Another publish already claimed this checkpoint sequence number (claim the next one)."""
+
+    code = "sequence_taken"
 
 
 # --- protocol -------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from typing import Any
 
 from . import layout
 from .errors import ObjectExistsError, ObjectNotFoundError, VersionChangedError
-from .manifests import canonical_json, list_published, read_latest
+from .manifests import canonical_json, read_latest
+from .published import list_published
 from .store import ObjectStore, open_store
 
 __all__ = ["DEFAULT_MIN_AGE_S", "GcReport", "collect_garbage"]

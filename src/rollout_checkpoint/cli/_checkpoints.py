@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import CheckpointError
-from ..manifests import list_published
+from ..published import list_published
 from ..recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
 from ..store import ObjectInfo, ObjectStore
 from ._archive import Finding, register_verifier
