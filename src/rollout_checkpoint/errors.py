@@ -29,6 +29,9 @@ __all__ = [
     "StaleAttemptError",
     "StaleCheckpointError",
     "StoreError",
+    "StorePermissionError",
+    "StoreUnreachableError",
+    "StoreUnsupportedError",
     "TransientStoreError",
     "UnknownExecutionError",
     "UnsupportedSchemaError",
@@ -132,6 +135,24 @@ class VersionChangedError(StoreError):
     """A compare-and-swap put found a version other than the expected one."""
 
     code = "version_changed"
+
+
+class StorePermissionError(StoreError):
+    """The store refused the operation: no permission, or a read-only file system."""
+
+    code = "permission_denied"
+
+
+class StoreUnreachableError(StoreError):
+    """The store could not be reached (connection refused, DNS, timeout): never "nothing stored"."""
+
+    code = "store_unreachable"
+
+
+class StoreUnsupportedError(StoreError):
+    """The backend does not implement the operation (a read-only fsspec filesystem, say)."""
+
+    code = "unsupported_operation"
 
 
 class ConditionalWriteUnsupportedError(StoreError):

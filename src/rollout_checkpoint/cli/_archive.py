@@ -20,7 +20,7 @@ from ..archive import ArchiveReader, component_prefixes
 from ..errors import CheckpointError
 from ..layout import MANIFEST_NAME
 from ..store import ObjectInfo, ObjectStore
-from ._common import EndpointOpt, JsonOpt, UrlArg, open_cli_store
+from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
 from ._common import console as _console
 from ._common import fail as _fail
 
@@ -174,21 +174,23 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _render_inspect(report: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold]{report['url']}[/]: {report['objects']} objects, {_fmt_bytes(report['bytes'])}")
+    console.print(
+        styled((report["url"], "bold"), f": {report['objects']} objects, {_fmt_bytes(report['bytes'])}")
+    )
     if report["components"]:
         table = Table(title="Component archives", title_justify="left")
         for col in ("prefix", "checkpoint", "kind/instance", "shards", "records", "size", "record counts"):
             table.add_column(col, overflow="fold")
         for c in report["components"]:
             if c.get("error"):
-                table.add_row(c["prefix"], "-", "-", "-", "-", "-", f"[red]{c['error']['message']}[/]")
+                table.add_row(c["prefix"], "-", "-", "-", "-", "-", styled((c["error"]["message"], "red")))
                 continue
             counts = ", ".join(f"{k}={v}" for k, v in c["record_counts"].items()) or "-"
             notes = []
             if c["missing"]:
-                notes.append(f"[red]{len(c['missing'])} missing[/]")
+                notes.append((f" {len(c['missing'])} missing", "red"))
             if c["unreferenced"]:
-                notes.append(f"[yellow]{len(c['unreferenced'])} unreferenced[/]")
+                notes.append((f" {len(c['unreferenced'])} unreferenced", "yellow"))
             table.add_row(
                 c["prefix"] or "(root)",
                 c["checkpoint_id"],
@@ -196,7 +198,7 @@ def _render_inspect(report: dict[str, Any], console: Console) -> None:
                 str(len(c["shards"])),
                 str(c["records"]),
                 _fmt_bytes(c["shard_bytes"] + c["index"]["bytes"] + c["manifest_bytes"]),
-                counts + (" " + " ".join(notes) if notes else ""),
+                styled(counts, *notes),
             )
         console.print(table)
     if report["other_objects"]:
@@ -237,14 +239,14 @@ def verify_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonO
         err = _console(stderr=True)
         for f in findings:
             if f.ok:
-                console.print(f"[green]ok[/]     {f.subject}: {f.message}")
+                console.print(styled(("ok", "green"), f"     {f.subject}: {f.message}"))
             else:
                 text = f.message if f.message.startswith(f.subject) else f"{f.subject}: {f.message}"
-                err.print(f"[red]FAILED[/] {text}")
+                err.print(styled(("FAILED", "red"), f" {text}"))
         if not findings:
-            err.print(f"[red]FAILED[/] nothing to verify under {url}: no manifest found")
+            err.print(styled(("FAILED", "red"), f" nothing to verify under {url}: no manifest found"))
         elif bad:
-            err.print(f"[red]{len(bad)} problem(s)[/]")
+            err.print(styled((f"{len(bad)} problem(s)", "red")))
         else:
             console.print(f"all {len(findings)} checked intact")
     if not ok:
@@ -253,5 +255,5 @@ def verify_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonO
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``."""
-    app.command("inspect")(inspect_command)
-    app.command("verify")(verify_command)
+    app.command("inspect", cls=Command)(inspect_command)
+    app.command("verify", cls=Command)(verify_command)
