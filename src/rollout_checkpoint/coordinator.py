@@ -541,6 +541,8 @@ class Coordinator:
         *,
         deadline_s: float = 60.0,
         restore_id: str | None = None,
+        verify: bool = False,
+        fallback: bool = False,
     ) -> RestoreOutcome:
         """Restore a published checkpoint (latest by default) into the participants.
 
@@ -550,10 +552,17 @@ class Coordinator:
         everywhere, every participant is resumed, the registry is left unchanged and
         :class:`RestoreFailedError` is raised. On success the registry holds the rebuilt plan
         and the participants stay paused until :meth:`resume` ``(restore_id)``.
+        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.recovery.load_checkpoint`:
+        digest-check everything first, and use the newest checkpoint that loads (verifies) when
+        the requested one is damaged (``outcome.plan.skipped`` says what was passed over).
         """
         with self._cycle:
             plan = load_checkpoint(
-                self.store, checkpoint_id, token_snapshot_loader=self.token_snapshot_loader
+                self.store,
+                checkpoint_id,
+                verify=verify,
+                fallback=fallback,
+                token_snapshot_loader=self.token_snapshot_loader,
             )
             rid = validate_id(restore_id or new_checkpoint_id("restore"), "restore_id")
             entries, retired = plan.registry_entries()
@@ -652,7 +661,8 @@ class Coordinator:
                 self.registry.retire(execution)
 
     def forget(self, rollout_ids: Iterable[str]) -> None:
-        """The framework is done with these rollouts for good: drop tombstones everywhere."""
+        """The framework is done with these rollouts for good: drop tombstones everywhere, and
+        their token data from later token-store snapshots (if the token source can forget)."""
         ids = list(rollout_ids)
         ordered = self._ordered()
         for stage in RETIRE_ORDER:
@@ -660,3 +670,6 @@ class Coordinator:
                 if name.split("/", 1)[0] in stage:
                     self._call(name, "forget", participant.forget, ids, hook=False)
         self.registry.forget(ids)
+        forget_tokens = getattr(self.token_source, "forget", None)
+        if callable(forget_tokens):  # later snapshots leave their token data out: gc can drop it
+            forget_tokens(ids)

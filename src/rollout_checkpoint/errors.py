@@ -22,6 +22,7 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidPhaseError",
     "InvalidRecordError",
+    "InvalidValueError",
     "ManifestConflictError",
     "ObjectExistsError",
     "ObjectNotFoundError",
@@ -62,6 +63,12 @@ class InvalidIdentifierError(CheckpointError, ValueError):
     """An id or object key that would be unsafe as part of an object key."""
 
     code = "invalid_id"
+
+
+class InvalidValueError(CheckpointError, ValueError):
+    """An argument outside its allowed values (``ResourcesParticipant(mode="bogus")``, say)."""
+
+    code = "invalid_value"
 
 
 class UnsupportedSchemaError(CheckpointError):

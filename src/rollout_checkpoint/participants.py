@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, cast, get_args, runtime_checkable
 
 from pydantic import JsonValue
 
@@ -23,6 +23,7 @@ from .errors import (
     IdentityConflictError,
     InvalidPhaseError,
     InvalidRecordError,
+    InvalidValueError,
     StaleAttemptError,
     UnknownExecutionError,
 )
@@ -289,6 +290,12 @@ class ResourcesParticipant(Participant):
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if mode not in get_args(CheckpointMode):
+            raise InvalidValueError(
+                f"ResourcesParticipant mode must be one of {list(get_args(CheckpointMode))}, got {mode!r}",
+                field="mode",
+                value=repr(mode),
+            )
         super().__init__(
             kind=kind,
             instance=instance,

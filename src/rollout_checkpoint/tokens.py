@@ -361,6 +361,18 @@ class ObjectStoreTokenStore:
             raise ObjectNotFoundError(f"{self.name}: no token entry {key!r}", key=key)
         return read_entry(self.store, located, key)
 
+    def forget(self, rollout_ids: Sequence[str]) -> int:
+        """Leave these rollouts' calls out of later snapshots (the framework is done with them),
+        so retention can delete their shards once no kept checkpoint lists them. Returns how
+        many keys were dropped. A store that re-reads every shard (a new process) lists them
+        again until gc has removed their shards."""
+        prefixes = tuple(f"{validate_id(r, 'rollout_id')}/" for r in rollout_ids)
+        with self._lock:
+            dropped = [k for k in self._index if k.startswith(prefixes)]
+            for key in dropped:
+                del self._index[key]
+        return len(dropped)
+
     def snapshot(self, checkpoint_id: str) -> TokenSnapshotReceipt:
         """Write ``snapshots/<checkpoint_id>.json`` (create-only) listing every key with its
         digest and length. The first snapshot under an id wins: a retry returns its receipt."""

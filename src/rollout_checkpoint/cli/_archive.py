@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -177,32 +178,41 @@ def _render_inspect(report: dict[str, Any], console: Console) -> None:
     console.print(
         styled((report["url"], "bold"), f": {report['objects']} objects, {_fmt_bytes(report['bytes'])}")
     )
-    if report["components"]:
-        table = Table(title="Component archives", title_justify="left")
-        for col in ("prefix", "checkpoint", "kind/instance", "shards", "records", "size", "record counts"):
-            table.add_column(col, overflow="fold")
-        for c in report["components"]:
+    # One table per folder of archives (``checkpoints/<id>/components``), naming each archive by
+    # its last two path segments, so no column holds a long key and the table fits the terminal.
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in report["components"]:
+        head, _, tail = c["prefix"].rpartition("/")
+        head, _, kind = head.rpartition("/")
+        groups.setdefault(head, []).append({**c, "_name": f"{kind}/{tail}".strip("/") or "(root)"})
+    for head, members in groups.items():
+        table = Table(
+            title=f"Component archives under {head or '(root)'}/", title_justify="left", box=box.SIMPLE_HEAD
+        )
+        table.add_column("archive", overflow="fold")
+        for col in ("shards", "records", "size"):
+            table.add_column(col, justify="right", no_wrap=True)
+        table.add_column("record counts", overflow="fold", ratio=1)
+        for c in members:
             if c.get("error"):
-                table.add_row(c["prefix"], "-", "-", "-", "-", "-", styled((c["error"]["message"], "red")))
+                table.add_row(c["_name"], "-", "-", "-", styled((c["error"]["message"], "red")))
                 continue
             counts = ", ".join(f"{k}={v}" for k, v in c["record_counts"].items()) or "-"
-            notes = []
+            notes: list[str | tuple[str, str]] = [counts]
             if c["missing"]:
-                notes.append((f" {len(c['missing'])} missing", "red"))
+                notes.append((f"; {len(c['missing'])} missing", "red"))
             if c["unreferenced"]:
-                notes.append((f" {len(c['unreferenced'])} unreferenced", "yellow"))
+                notes.append((f"; {len(c['unreferenced'])} unreferenced", "yellow"))
             table.add_row(
-                c["prefix"] or "(root)",
-                c["checkpoint_id"],
-                f"{c['participant_kind']}/{c['instance']}",
+                c["_name"],
                 str(len(c["shards"])),
                 str(c["records"]),
                 _fmt_bytes(c["shard_bytes"] + c["index"]["bytes"] + c["manifest_bytes"]),
-                styled(counts, *notes),
+                styled(*notes),
             )
         console.print(table)
     if report["other_objects"]:
-        table = Table(title="Other objects", title_justify="left")
+        table = Table(title="Other objects", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("key", overflow="fold")
         table.add_column("size", justify="right")
         for o in report["other_objects"]:

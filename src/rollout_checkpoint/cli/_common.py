@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Annotated, Any
 
 import typer
@@ -62,16 +61,9 @@ class Command(TyperCommand):
 def console(stderr: bool = False) -> Console:
     """A rich console that prints every string literally (no markup, emoji codes or
     highlighting: paths, bucket names and error details may contain ``[...]``); styling is
-    applied only through :func:`styled`. When output is not a terminal, long object keys are
-    not folded at 80 columns."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(
-        stderr=stderr,
-        markup=False,
-        emoji=False,
-        highlight=False,
-        width=None if stream.isatty() else 200,
-    )
+    applied only through :func:`styled`. Tables fit the terminal (``COLUMNS`` when output is
+    not a terminal, else 80); plain lines are never folded, so object keys stay whole."""
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

@@ -236,6 +236,24 @@ class LocalStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             lock.unlink()
 
+    @mapped_errors
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Remove the empty directories under ``prefix`` bottom-up, ``prefix`` included (its
+        parents are shared with other writers and stay). Lock files of deleted objects do not
+        count as content."""
+        self._check_prefix(prefix)
+        base = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        if not base.is_dir():
+            return
+        for dirpath, _dirs, files in os.walk(base, topdown=False):
+            folder = Path(dirpath)
+            for name in files:
+                if name.startswith(_LOCK_MARK) and not (folder / name[len(_LOCK_MARK) :]).exists():
+                    with contextlib.suppress(FileNotFoundError):
+                        (folder / name).unlink()
+            with contextlib.suppress(OSError):  # not empty (a writer is here): leave it
+                folder.rmdir()
+
     # -- conditional ---------------------------------------------------------------------------
     @mapped_errors
     def put_if_absent(self, key: str, data: bytes) -> PutResult:
