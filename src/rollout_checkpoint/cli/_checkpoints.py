@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -74,16 +75,22 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
     if not rows:
         console.print(f"no published checkpoint under {url}")
         return
-    table = Table("", "checkpoint", "seq", "created (UTC)", "components", "registry states")
+    # ids and times never wrap; the registry states fold into what is left of the terminal
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("", no_wrap=True)
+    table.add_column("checkpoint", no_wrap=True)
+    table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("created (UTC)", no_wrap=True)
+    table.add_column("registry states", overflow="fold", ratio=1)
     for row in rows:
         states = ", ".join(f"{k}={v}" for k, v in (row["counts"] or {}).items())
+        created = row["created_at"][:19].replace("T", " ") if row["created_at"] else None
         table.add_row(
             "latest" if row["latest"] else "",
             row["checkpoint_id"],
             str(row["sequence"] or "?"),
-            row["created_at"] or styled((str(row["error"]), "red")),
-            str(row["components"] or "?"),
-            states,
+            created or styled(("unreadable", "red")),
+            states or styled((str(row["error"] or "-"), "red")),
         )
     console.print(table)
 
