@@ -76,19 +76,19 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
         console.print(f"no published checkpoint under {url}")
         return
     # ids and times never wrap; the registry states fold into what is left of the terminal
-    table = Table(box=box.SIMPLE_HEAD)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, caption="* = named by latest.json")
     table.add_column("", no_wrap=True)
-    table.add_column("checkpoint", no_wrap=True)
     table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("checkpoint", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
-    table.add_column("registry states", overflow="fold", ratio=1)
+    table.add_column("states", overflow="fold", ratio=1)
     for row in rows:
         states = ", ".join(f"{k}={v}" for k, v in (row["counts"] or {}).items())
         created = row["created_at"][:19].replace("T", " ") if row["created_at"] else None
         table.add_row(
-            "latest" if row["latest"] else "",
-            row["checkpoint_id"],
+            "*" if row["latest"] else "",
             str(row["sequence"] or "?"),
+            row["checkpoint_id"],
             created or styled(("unreadable", "red")),
             states or styled((str(row["error"] or "-"), "red")),
         )

@@ -1,7 +1,7 @@
 """Typed store errors for what local disks and generic fsspec backends raise.
 
-``OSError`` subclasses, ``NotImplementedError`` (a read-only fsspec backend such as ``zip://``)
-and aiohttp's client errors (``http://``) become :class:`~rollout_checkpoint.errors.StoreError`
+``OSError`` subclasses, ``NotImplementedError`` and ``ValueError`` (read-only fsspec backends
+such as ``zip://``) and aiohttp's client errors (``http://``) become :class:`~rollout_checkpoint.errors.StoreError`
 codes naming the store URL and key, so no caller, and no CLI user, sees a raw traceback.
 """
 
@@ -53,7 +53,8 @@ def map_store_error(exc: BaseException, url: str, key: str | None, op: str) -> B
         return StoreUnsupportedError(
             f"{op} on {where}: this backend does not support it ({reason})", url=url, key=key
         )
-    if isinstance(exc, OSError) or type(exc).__module__.startswith("aiohttp"):
+    if isinstance(exc, OSError | ValueError) or type(exc).__module__.startswith("aiohttp"):
+        # ValueError: e.g. zipfile refusing a write to an archive opened for reading
         return StoreError(
             f"{op} on {where} failed: {type(exc).__name__}: {reason}",
             url=url,
