@@ -1,8 +1,9 @@
 """Typed store errors for what local disks and generic fsspec backends raise.
 
 ``OSError`` subclasses, ``NotImplementedError`` and ``ValueError`` (read-only fsspec backends
-such as ``zip://``) and aiohttp's client errors (``http://``) become :class:`~rollout_checkpoint.errors.StoreError`
-codes naming the store URL and key, so no caller, and no CLI user, sees a raw traceback.
+such as ``zip://``) and aiohttp's client errors (``http://``) become
+:class:`~rollout_checkpoint.errors.StoreError` codes naming the store URL and key, so no
+caller, and no CLI user, sees a raw traceback.
 """
 
 from __future__ import annotations
