@@ -1,4 +1,5 @@
-"""The DuckDB queries in docs/format.md run, as written, on the DuckDB the test extra installs."""
+"""The DuckDB queries in docs/format.md run, as written, on the DuckDB the test extra installs;
+the docs link only to files of this repository."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ def test_the_duckdb_queries_of_the_format_spec_run(tmp_path: Path) -> None:
     assert sorted((r[1], r[5]) for r in results[2] if r[0] == "agent_boundary") == [
         (b[0], b[2]) for b in boundaries
     ]
+
+
+def test_docs_link_only_inside_the_repository() -> None:
+    """Every relative link of README.md and docs/*.md resolves to a file of this repository."""
+    root = FORMAT_MD.parents[1]
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = page.read_text()
+        assert "../shared" not in text, page
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            resolved = (page.parent / target).resolve()
+            assert resolved.is_relative_to(root) and resolved.exists(), (page.name, target)
