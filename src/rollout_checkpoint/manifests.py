@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from . import layout
+from ._validation import TypedModel
 from .errors import (
     CheckpointNotFoundError,
     IntegrityError,
@@ -98,7 +99,7 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-class _Model(BaseModel):
+class _Model(TypedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     SCHEMA: ClassVar[int] = MANIFEST_SCHEMA_VERSION

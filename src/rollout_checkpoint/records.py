@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
+from ._validation import TypedModel
 from .errors import InvalidRecordError, refuse_newer_schema
 from .ids import ExecutionId, Identifier
 
@@ -46,16 +47,7 @@ RecordKind = Literal[
 ]
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line per failed field, keeping pydantic's ``[type=...]`` detail (no doc links)."""
-    parts = []
-    for error in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in error["loc"]) or "value"
-        parts.append(f"{loc}: {error['msg']} [type={error['type']}, input_value={error.get('input')!r}]")
-    return "; ".join(parts)
-
-
-class Record(BaseModel, abc.ABC):
+class Record(TypedModel, abc.ABC):
     """Common fields of every record kind."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
@@ -64,21 +56,6 @@ class Record(BaseModel, abc.ABC):
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, ge=1)
     rollout_id: Identifier
     attempt: int = Field(ge=0)
-
-    def __init__(self, /, **data: Any) -> None:
-        # A value a caller passed (``policy_version=7``, say) is a typed error with a stable
-        # code, not a bare pydantic ValidationError; parsing stored bytes is unaffected.
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise InvalidRecordError(
-                f"invalid {type(self).__name__}: {describe_validation_error(exc)}",
-                record=type(self).__name__,
-                errors=[
-                    {"loc": [str(p) for p in e["loc"]], "type": e["type"], "msg": e["msg"]}
-                    for e in exc.errors(include_url=False)
-                ],
-            ) from None
 
     @model_validator(mode="before")
     @classmethod

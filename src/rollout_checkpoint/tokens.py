@@ -31,9 +31,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from . import layout
+from ._validation import TypedModel
 from .errors import IntegrityError, InvalidRecordError, ObjectExistsError, ObjectNotFoundError
 from .ids import ExecutionId, Identifier, validate_id, validate_key
 from .records import ModelCallLineageRecord
@@ -62,7 +63,7 @@ TOKEN_ENTRY_SCHEMA_VERSION = 1
 TOKEN_SNAPSHOT_FORMAT = "rollout-checkpoint/token-snapshot/1"
 
 
-class _Model(BaseModel):
+class _Model(TypedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -491,8 +492,8 @@ def _entry_from_table(table: pa.Table, located: TokenSnapshotEntry, key: str) ->
             generation_log_probs=row["generation_log_probs"],
             mask=row["mask"],
         )
-    except ValidationError as exc:
-        raise InvalidRecordError(f"token entry {key}: {exc}", key=key) from None
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(f"token entry {key}: {exc.message}", key=key) from None
     receipt = entry.receipt()
     if (receipt.digest, receipt.length) != (located.digest, located.length):
         raise IntegrityError(
