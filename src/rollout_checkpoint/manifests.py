@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from . import layout
-from ._validation import TypedModel
+from ._validation import TypedModel, describe_validation_error
 from .errors import (
     CheckpointNotFoundError,
     IntegrityError,
@@ -279,7 +279,9 @@ def _parse(cls: type[M], data: bytes, key: str) -> M:
     except UnsupportedSchemaError:
         raise
     except ValidationError as exc:
-        raise InvalidRecordError(f"{key}: not a valid {cls.__name__}: {exc}", key=key) from None
+        raise InvalidRecordError(
+            f"{key}: not a valid {cls.__name__}: {describe_validation_error(exc)}", key=key
+        ) from None
     except ValueError as exc:  # invalid UTF-8 / JSON
         raise InvalidRecordError(f"{key}: not a valid {cls.__name__}: {exc}", key=key) from None
 

@@ -18,7 +18,7 @@ from rich.table import Table
 from .. import layout
 from ..errors import CheckpointError, IntegrityError, ObjectNotFoundError
 from ..manifests import read_latest
-from ..published import iter_candidates, list_published
+from ..published import iter_candidates, list_published, pointer_note, read_pointer_hint
 from ..recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
 from ..store import ObjectInfo, ObjectStore
 from ._archive import Finding, register_verifier
@@ -50,7 +50,9 @@ def _open(url: str, endpoint_url: str | None) -> ObjectStore:
 def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:
     """List published checkpoints under URL, newest first (the latest pointer's target marked)."""
     try:
-        listed = list_published(_open(url, endpoint_url))
+        store = _open(url, endpoint_url)
+        listed = list_published(store)
+        note = pointer_note(read_pointer_hint(store), next(iter_candidates(store), None)) if listed else None
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     rows: list[dict[str, Any]] = []
@@ -69,7 +71,7 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
             }
         )
     if as_json:
-        print(json.dumps({"ok": True, "url": url, "checkpoints": rows}))
+        print(json.dumps({"ok": True, "url": url, "checkpoints": rows, "note": note}))
         return
     console = _console()
     if not rows:
@@ -93,6 +95,8 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
             states or styled((str(row["error"] or "-"), "red")),
         )
     console.print(table)
+    if note is not None:
+        console.print(styled(("note", "yellow"), f" {note}"))
 
 
 # -- classify --------------------------------------------------------------------------------------

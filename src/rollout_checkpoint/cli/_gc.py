@@ -60,10 +60,15 @@ def gc_command(
     console.print(f"kept: {', '.join(report.kept) or '-'}")
     console.print(f"unpublished: {', '.join(report.unpublished) or '-'}")
     console.print(
-        f"{verb} {len(report.deleted_prefixes)} checkpoint prefix(es), {report.deleted_objects} object(s)"
+        f"{verb} {len(report.deleted_prefixes)} checkpoint prefix(es), "
+        f"{len(report.deleted_token_snapshots)} token snapshot(s), "
+        f"{len(report.deleted_token_shards)} token shard(s), {len(report.deleted_claims)} sequence "
+        f"claim(s): {report.deleted_objects} object(s) in all"
     )
     for cid, age in sorted(report.leftovers_waiting.items()):
         console.print(f"leftover {cid}: seen {age:.0f} s ago, deleted after {min_age:.0f} s")
+    for shard, age in sorted(report.token_shards_waiting.items()):
+        console.print(f"unlisted token shard {shard}: seen {age:.0f} s ago")
 
 
 def register(app: typer.Typer) -> None:
