@@ -150,8 +150,10 @@ class StorePermissionError(StoreError):
     code = "permission_denied"
 
 
-class StoreUnreachableError(StoreError):
-    """The store could not be reached (connection refused, DNS, timeout): never "nothing stored"."""
+class StoreUnreachableError(TransientStoreError):
+    """The store could not be reached (connection refused, DNS, timeout): never "nothing stored".
+
+    Transient by nature (a retry may succeed), so it is a :class:`TransientStoreError`."""
 
     code = "store_unreachable"
 

@@ -23,14 +23,14 @@ from ..errors import (
     StoreUnsupportedError,
 )
 
-__all__ = ["map_store_error", "mapped_errors"]
+__all__ = ["is_connection_error", "map_store_error", "mapped_errors"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
-def _is_connection_error(exc: BaseException) -> bool:
+def is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionError | TimeoutError):
         return True
     # aiohttp's ClientConnectorError / ServerDisconnectedError..., botocore's EndpointConnectionError
@@ -44,7 +44,7 @@ def map_store_error(exc: BaseException, url: str, key: str | None, op: str) -> B
         return exc
     where = f"{url}/{key}" if key else url
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    if _is_connection_error(exc):
+    if is_connection_error(exc):
         return StoreUnreachableError(f"{op} on {where}: store unreachable: {reason}", url=url, key=key)
     if isinstance(exc, PermissionError) or (isinstance(exc, OSError) and exc.errno in _PERMISSION_ERRNOS):
         return StorePermissionError(
