@@ -3,134 +3,46 @@
 from __future__ import annotations
 
 import asyncio
-import re
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import JsonValue
 
-from ...control import Phase, PrepareReport, WorkerTopology
-from ...control_plane import (
-    DEFAULT_LEASE_GRACE_SECONDS,
-    Export,
-    Participant,
-    Readiness,
-    execution_key,
-)
+from ...control import WorkerTopology
+from ...control_plane import DEFAULT_LEASE_GRACE_SECONDS, Export, Readiness, execution_key
 from ...errors import (
-    CheckpointError,
     GenerationCutError,
     IdentityConflictError,
     InvalidArgumentError,
-    InvalidIdentifierError,
     InvalidPhaseError,
     StaleAttemptError,
     UnknownExecutionError,
 )
-from ...ids import ID_MAX_LENGTH, ExecutionId, validate_id
+from ...ids import ExecutionId, validate_id
 from ...records import GenerationCut, ModelCallLineageRecord, Record, TokenStoreReceipt
-from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource, prefix_digest
-from ..generation import FakeGenerationBackend, FrozenBuffer, Generation
-from ._chain import Chain, PendingCut, chains_from_records
-from ._cuts import (
-    CutAcknowledgement,
-    CutDisposition,
-    CutInventory,
-    CutReport,
-    CutTicket,
-    check_cut_evidence,
-    cut_call_id,
-    validate_cut_coverage,
+from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
+from ..generation import FakeGenerationBackend
+from ._calls import (
+    CutRound,
+    GenerationResult,
+    ModelCall,
+    Ticket,
+    check_call_id,
+    check_policy_version,
+    check_token_ids,
+    token_entry,
 )
+from ._chain import Chain, chains_from_records
+from ._cutting import CutRounds
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
 Delivery = Literal["inline", "staged"]
-_CUT_SUFFIX = re.compile(r"\.cut[0-9]+$")
-_CALL_ID_MAX = ID_MAX_LENGTH - 24  # room for the ``.cut<count>`` suffix of prefix entries
 
 
-@dataclass(frozen=True)
-class GenerationResult:
-    """What :meth:`PolicyModelParticipant.generate` returns once the response is delivered."""
-
-    token_ids: tuple[int, ...]
-    log_probs: tuple[float, ...]
-    finish_reason: str
-    lineage: ModelCallLineageRecord
-    continued_from: GenerationCut | None  # the restored cut this call continued from
-    prefix_token_count: int  # tokens taken from that prefix instead of generated
-
-
-@dataclass
-class _Ticket:
-    execution: ExecutionId
-    call_id: str
-    policy_version: str
-    cuttable: bool
-    chain: Chain
-    prompt: tuple[int, ...]
-    pending: PendingCut | None
-    state: Literal["queued", "running", "staging"] = "queued"
-    generation: Generation | None = None
-    completion: TokenPutReceipt | None = None
-    frozen_as: str | None = None  # the checkpoint that froze it unstarted (never_started)
-
-    @property
-    def key(self) -> tuple[ExecutionId, str]:
-        return (self.execution, self.call_id)
-
-
-@dataclass
-class _CutRound:
-    """One checkpoint's frozen inventory and the acknowledgements gathered for it."""
-
-    inventory: CutInventory
-    deadline: float
-    tickets: dict[str, _Ticket]
-    acks: dict[str, CutAcknowledgement] = field(default_factory=dict)
-    errors: list[CheckpointError] = field(default_factory=list)
-    validated: bool = False
-
-
-class ModelCall:
-    """An admitted call whose generation runs outside this package; :meth:`stage` its tokens."""
-
-    def __init__(
-        self, participant: PolicyModelParticipant, execution: ExecutionId, call_id: str, policy_version: str
-    ) -> None:
-        self.participant = participant
-        self.execution = execution
-        self.call_id = call_id
-        self.policy_version = policy_version
-        self.lineage: ModelCallLineageRecord | None = None
-        self._closed = False
-
-    def stage(
-        self,
-        *,
-        prompt_token_ids: Sequence[int],
-        generation_token_ids: Sequence[int],
-        generation_log_probs: Sequence[float],
-        mask: Sequence[int] | None = None,
-    ) -> ModelCallLineageRecord:
-        """Store the tokens durably through the sink, then record lineage and the receipt."""
-        return self.participant._stage(
-            self, prompt_token_ids, generation_token_ids, generation_log_probs, mask
-        )
-
-    def close(self) -> None:
-        """End the call; an unstaged call is dropped (the agent re-issues it from its boundary)."""
-        if not self._closed:
-            self._closed = True
-            self.participant._close_call(self)
-
-
-class PolicyModelParticipant(Participant):
+class PolicyModelParticipant(CutRounds):
     """The policy (training-token) model server.
 
     With a ``backend``, :meth:`generate` runs a generation and returns once its response is
@@ -183,13 +95,13 @@ class PolicyModelParticipant(Participant):
         self.token_source = token_source
         self.backend = backend
         self.delivery: Delivery = delivery
-        self.policy_version = _policy_version(policy_version)
+        self.policy_version = check_policy_version(policy_version)
         self.worker = validate_id(worker, "worker")
         self.lineage_store = lineage_store
         self._chains: dict[ExecutionId, Chain] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # external calls not yet staged or closed
-        self._tickets: dict[tuple[ExecutionId, str], _Ticket] = {}
-        self._round: _CutRound | None = None
+        self._tickets: dict[tuple[ExecutionId, str], Ticket] = {}
+        self._round: CutRound | None = None
         self._prepare_deadline = 0.0
         self._stats: Counter[str] = Counter()
 
@@ -214,16 +126,16 @@ class PolicyModelParticipant(Participant):
         backend = self.backend
         if backend is None:
             raise InvalidPhaseError(f"model/{self.instance} has no generation backend; use call()/admit()")
-        version = _policy_version(policy_version) if policy_version is not None else self.policy_version
-        _call_id(call_id)
-        prompt = _token_ids(prompt_token_ids, "prompt_token_ids")
+        version = check_policy_version(policy_version) if policy_version is not None else self.policy_version
+        check_call_id(call_id)
+        prompt = check_token_ids(prompt_token_ids, "prompt_token_ids")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         with self._cond:
             self._admit(execution, wait=wait)
             chain = self._claim(execution, call_id)
             pending = chain.pending.pop(call_id, None)
-            ticket = _Ticket(execution, call_id, version, bool(cuttable), chain, prompt, pending)
+            ticket = Ticket(execution, call_id, version, bool(cuttable), chain, prompt, pending)
             self._tickets[ticket.key] = ticket
         try:
             return self._serve(backend, ticket, max_tokens)
@@ -256,7 +168,7 @@ class PolicyModelParticipant(Participant):
             cuttable=cuttable,
         )
 
-    def _serve(self, backend: FakeGenerationBackend, ticket: _Ticket, max_tokens: int) -> GenerationResult:
+    def _serve(self, backend: FakeGenerationBackend, ticket: Ticket, max_tokens: int) -> GenerationResult:
         execution, call_id = ticket.key
         prefix = ticket.pending.prefix if ticket.pending is not None else None
         generation = backend.open(
@@ -277,7 +189,7 @@ class PolicyModelParticipant(Participant):
             output = generation.run()
         if output.finish_reason == "cancelled":
             raise StaleAttemptError(f"model call {call_id} of {execution} was retired while generating")
-        entry = _entry(execution, call_id, ticket.prompt, output.token_ids, output.log_probs)
+        entry = token_entry(execution, call_id, ticket.prompt, output.token_ids, output.log_probs)
         with self._cond:
             self._check_ticket(ticket)
             ticket.state = "staging"
@@ -324,7 +236,7 @@ class PolicyModelParticipant(Participant):
             )
         return receipt
 
-    def _check_ticket(self, ticket: _Ticket) -> None:
+    def _check_ticket(self, ticket: Ticket) -> None:
         """Lock held: the ticket's attempt is still current here (not retired, restored or finished)."""
         self.fence.check(ticket.execution)
         if (
@@ -335,171 +247,11 @@ class PolicyModelParticipant(Participant):
                 f"model call {ticket.call_id} of {ticket.execution} was retired meanwhile"
             )
 
-    def _drop_ticket(self, ticket: _Ticket) -> None:
+    def _drop_ticket(self, ticket: Ticket) -> None:
         self._tickets.pop(ticket.key, None)
         ticket.chain.inflight.discard(ticket.call_id)
         self._forget_if_empty(ticket.execution, ticket.chain)
         self._changed()
-
-    # -- generation cuts ---------------------------------------------------------------------------
-    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
-        with self._cond:
-            if self._active is None:
-                self._prepare_deadline = deadline  # the cut round's deadline
-            elif self._active == checkpoint_id and self._round is not None:
-                self._round.deadline = max(self._round.deadline, deadline)  # a repeat waits longer
-            return super().prepare(checkpoint_id, deadline)
-
-    def _on_admission(self, accepting: bool) -> None:
-        if accepting:
-            self._round = None  # the checkpoint ended: its inventory and acknowledgements go
-        elif self._phase is Phase.PREPARING and self._active is not None:
-            self._freeze(self._active)
-
-    def _freeze(self, checkpoint_id: str) -> None:
-        """Admission just closed: freeze the accepted calls and give each its disposition."""
-        tickets = sorted(self._tickets.values(), key=lambda t: (execution_key(t.execution), t.call_id))
-        by_id: dict[str, _Ticket] = {}
-        for ticket in tickets:
-            by_id[self._cut_ticket(ticket).ticket_id] = ticket
-        inventory = CutInventory(
-            checkpoint_id=checkpoint_id,
-            instance=self.instance,
-            workers=(self.worker,),
-            tickets=tuple(self._cut_ticket(t) for t in tickets),
-        )
-        round_ = self._round = _CutRound(inventory, self._prepare_deadline, by_id)
-        to_cut: list[_Ticket] = []
-        for ticket in tickets:
-            if ticket.state == "queued":
-                ticket.frozen_as = checkpoint_id
-                self._record(
-                    round_, self._plain_ack(ticket, "never_started", "not started when admission closed")
-                )
-            elif not ticket.cuttable:
-                self._record(round_, self._plain_ack(ticket, "excluded", "the call is not cuttable"))
-            elif ticket.state == "running":
-                to_cut.append(ticket)
-            # "staging": its own thread acknowledges the completion once durable
-        if to_cut:
-            threading.Thread(
-                target=self._cut_all, args=(round_, to_cut), name=f"cut-{self.instance}", daemon=True
-            ).start()
-
-    def _cut_all(self, round_: _CutRound, tickets: Sequence[_Ticket]) -> None:
-        """The cutter: swap each running generation's buffer, stage the frozen prefix durably."""
-        for ticket in tickets:
-            generation = ticket.generation
-            frozen = generation.cut() if generation is not None else None
-            if frozen is None:
-                continue  # finished meanwhile: its own thread acknowledges the completion
-            try:
-                ack = self._stage_cut(round_, ticket, frozen)
-            except GenerationCutError as exc:
-                with self._cond:
-                    round_.errors.append(exc)
-                    self._changed()
-                continue
-            except (CheckpointError, OSError) as exc:  # could not be made durable: regenerate
-                ack = self._plain_ack(ticket, "failed", f"cut not staged: {exc}", round_)
-            with self._cond:
-                self._record(round_, ack)
-
-    def _stage_cut(self, round_: _CutRound, ticket: _Ticket, frozen: FrozenBuffer) -> CutAcknowledgement:
-        execution = ticket.execution
-        entry = _entry(
-            execution,
-            cut_call_id(ticket.call_id, frozen.boundary),
-            ticket.prompt,
-            frozen.token_ids,
-            frozen.log_probs,
-        )
-        receipt = self.token_sink.put(entry)
-        ack = CutAcknowledgement(
-            checkpoint_id=round_.inventory.checkpoint_id,
-            worker=self.worker,
-            rollout_id=execution.rollout_id,
-            attempt=execution.attempt,
-            call_id=ticket.call_id,
-            disposition="cut",
-            cut_kind="active_prefix",
-            frozen_buffer_id=frozen.buffer_id,
-            prefix_token_count=frozen.boundary,
-            prefix_digest=frozen.digest,
-            policy_version=ticket.policy_version,
-            receipt=receipt,
-            acknowledged_at=self._clock(),
-        )
-        check_cut_evidence(ack, entry)  # the receipt and digest must describe what was staged
-        return ack
-
-    def _acknowledge_completion(
-        self, ticket: _Ticket, generation: Generation, entry: TokenEntry, receipt: TokenPutReceipt
-    ) -> None:
-        """Lock held: a frozen call finished before it was cut; its durable completion is its disposition."""
-        round_ = self._round
-        if round_ is None:
-            return
-        ack = CutAcknowledgement(
-            checkpoint_id=round_.inventory.checkpoint_id,
-            worker=self.worker,
-            rollout_id=ticket.execution.rollout_id,
-            attempt=ticket.execution.attempt,
-            call_id=ticket.call_id,
-            disposition="completed",
-            cut_kind="terminal_completion",
-            frozen_buffer_id=f"{generation.generation_id}.final",
-            prefix_token_count=len(entry.generation_token_ids),
-            prefix_digest=prefix_digest(entry.generation_token_ids),
-            policy_version=ticket.policy_version,
-            receipt=receipt,
-            acknowledged_at=self._clock(),
-        )
-        self._record(round_, ack)
-
-    def _plain_ack(
-        self, ticket: _Ticket, disposition: CutDisposition, reason: str, round_: _CutRound | None = None
-    ) -> CutAcknowledgement:
-        round_ = round_ or self._round
-        assert round_ is not None
-        return CutAcknowledgement(
-            checkpoint_id=round_.inventory.checkpoint_id,
-            worker=self.worker,
-            rollout_id=ticket.execution.rollout_id,
-            attempt=ticket.execution.attempt,
-            call_id=ticket.call_id,
-            disposition=disposition,
-            reason=reason,
-            acknowledged_at=self._clock(),
-        )
-
-    def _record(self, round_: _CutRound, ack: CutAcknowledgement) -> None:
-        """Lock held: the first acknowledgement of a ticket in a still-running round wins."""
-        tid = ack.ticket_id
-        if self._round is not round_ or tid not in round_.tickets or tid in round_.acks:
-            return
-        round_.acks[tid] = ack
-        self._stats[ack.disposition] += 1
-        self._changed()
-
-    def _cut_ticket(self, ticket: _Ticket) -> CutTicket:
-        return CutTicket(
-            worker=self.worker,
-            rollout_id=ticket.execution.rollout_id,
-            attempt=ticket.execution.attempt,
-            call_id=ticket.call_id,
-        )
-
-    def cut_report(self) -> tuple[CutInventory, CutReport] | None:
-        """The active checkpoint's frozen inventory and this worker's acknowledgements so far."""
-        with self._cond:
-            round_ = self._round
-            if round_ is None:
-                return None
-            acks = tuple(round_.acks[t] for t in sorted(round_.acks))
-            return round_.inventory, CutReport(
-                checkpoint_id=round_.inventory.checkpoint_id, worker=self.worker, acknowledgements=acks
-            )
 
     # -- external calls -------------------------------------------------------------------------
     @contextmanager
@@ -517,8 +269,8 @@ class PolicyModelParticipant(Participant):
         self, execution: ExecutionId, call_id: str, *, policy_version: str | None = None, wait: float = 0.0
     ) -> ModelCall:
         """The non-context form of :meth:`call`: close the returned call when done."""
-        version = _policy_version(policy_version) if policy_version is not None else self.policy_version
-        _call_id(call_id)
+        version = check_policy_version(policy_version) if policy_version is not None else self.policy_version
+        check_call_id(call_id)
         with self._cond:
             self._admit(execution, wait=wait)
             self._claim(execution, call_id)
@@ -656,19 +408,7 @@ class PolicyModelParticipant(Participant):
     # -- hooks --------------------------------------------------------------------------------------
     def _readiness(self) -> Readiness:
         blockers = [f"{e}/{c}" for e, c in sorted(self._inflight, key=lambda k: (execution_key(k[0]), k[1]))]
-        round_ = self._round
-        if round_ is not None:
-            if round_.errors:
-                raise round_.errors[0]
-            blockers += [f"cut {tid}" for tid in sorted(round_.tickets) if tid not in round_.acks]
-            if not blockers and not round_.validated and self._phase is Phase.PREPARING:
-                report = CutReport(
-                    checkpoint_id=round_.inventory.checkpoint_id,
-                    worker=self.worker,
-                    acknowledgements=tuple(round_.acks.values()),
-                )
-                validate_cut_coverage(round_.inventory, [report], deadline=round_.deadline, now=self._clock())
-                round_.validated = True
+        blockers += self._cut_blockers(not blockers)
         return Readiness(
             blockers=blockers,
             counts={"executions": len(self._chains), "inflight": len(self._inflight) + len(self._tickets)},
@@ -676,27 +416,14 @@ class PolicyModelParticipant(Participant):
 
     def _manifest_extra(self) -> Mapping[str, JsonValue]:
         extra: dict[str, JsonValue] = {"token_store": self.token_sink.name}
-        round_ = self._round
-        if round_ is not None:
-            counts = Counter(a.disposition for a in round_.acks.values())
-            extra["generation_cuts"] = {
-                "delivery": self.delivery,
-                "workers": list(round_.inventory.workers),
-                "inventory_digest": round_.inventory.digest,
-                "dispositions": dict(sorted(counts.items())),
-            }
+        extra.update(self._cut_extra())
         return extra
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
         snapshot_id = self._active
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
-        round_ = self._round
-        durable: dict[tuple[ExecutionId, str], CutAcknowledgement] = {}
-        if round_ is not None:
-            for tid, ack in round_.acks.items():
-                if ack.disposition in ("cut", "completed"):
-                    durable[round_.tickets[tid].key] = ack
+        durable = self._durable_cuts()
         records: list[Record] = []
         executions: list[ExecutionId] = []
         for execution, chain in sorted(self._chains.items(), key=lambda item: execution_key(item[0])):
@@ -773,53 +500,3 @@ class PolicyModelParticipant(Participant):
                         ticket.generation.cancel()
             if self.lineage_store is not None:
                 self.lineage_store.drop(execution)
-
-
-def _entry(
-    execution: ExecutionId,
-    call_id: str,
-    prompt: Sequence[int],
-    tokens: Sequence[int],
-    log_probs: Sequence[float],
-) -> TokenEntry:
-    return TokenEntry(
-        rollout_id=execution.rollout_id,
-        attempt=execution.attempt,
-        call_id=call_id,
-        prompt_token_ids=list(prompt),
-        generation_token_ids=list(tokens),
-        generation_log_probs=list(log_probs),
-        mask=[1] * len(tokens),
-    )
-
-
-def _policy_version(value: object) -> str:
-    if (
-        not isinstance(value, str)
-        or not 1 <= len(value) <= 256
-        or any(ord(ch) < 32 or ord(ch) == 127 for ch in value)
-    ):
-        raise InvalidArgumentError(
-            f"policy_version must be 1-256 printable characters, got {value!r}", value=repr(value)[:80]
-        )
-    return value
-
-
-def _call_id(call_id: str) -> None:
-    validate_id(call_id, "call_id")
-    if len(call_id) > _CALL_ID_MAX or _CUT_SUFFIX.search(call_id):
-        raise InvalidIdentifierError(
-            f"call_id {call_id!r} is reserved or too long: at most {_CALL_ID_MAX} characters, not ending "
-            "in '.cut<digits>' (the token-store name of a cut prefix)",
-            value=call_id,
-        )
-
-
-def _token_ids(values: Sequence[int], what: str) -> tuple[int, ...]:
-    try:
-        out = tuple(values)
-    except TypeError:
-        raise InvalidArgumentError(f"{what} must be a sequence of token ids") from None
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in out):
-        raise InvalidArgumentError(f"{what} must be non-negative integers")
-    return out
