@@ -28,9 +28,16 @@ from rollout_checkpoint import (
     PolicyModelParticipant,
     load_checkpoint,
     validate_cut_coverage,
+    verify_checkpoint,
 )
 from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter
-from rollout_checkpoint.errors import DeadlineExceededError, GenerationCutError, StaleAttemptError
+from rollout_checkpoint.control_plane import Export
+from rollout_checkpoint.errors import (
+    CheckpointRejectedError,
+    DeadlineExceededError,
+    GenerationCutError,
+    StaleAttemptError,
+)
 from rollout_checkpoint.records import ModelCallLineageRecord
 from rollout_checkpoint.store import MemoryStore, ObjectStore
 from rollout_checkpoint.tokens import TokenEntry, TokenPutReceipt, prefix_digest, token_key
@@ -89,11 +96,17 @@ def generating(backend: FakeGenerationBackend, n: int = 1) -> Callable[[], bool]
 class World:
     """An agent parked at its boundary, the policy model with the fake backend, a coordinator."""
 
-    def __init__(self, store: ObjectStore, delivery: str = "inline", **backend: Any) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        delivery: str = "inline",
+        model_cls: type[PolicyModelParticipant] = PolicyModelParticipant,
+        **backend: Any,
+    ) -> None:
         self.tokens = ObjectStoreTokenStore(store)
         self.backend = FakeGenerationBackend(seed=7, token_delay=DELAY, token_source=self.tokens, **backend)
         self.agent = AgentParticipant("agent-0")
-        self.model = PolicyModelParticipant(
+        self.model = model_cls(
             self.tokens,
             "policy-0",
             backend=self.backend,
@@ -436,8 +449,10 @@ def test_coverage_refuses_an_expired_deadline() -> None:
 # -- restore-side checks and stale attempts ------------------------------------------------------------
 
 
-def _checkpoint_with_a_cut(store: MemoryStore) -> tuple[str, ExecutionId]:
-    world = World(store)
+def _checkpoint_with_a_cut(
+    store: MemoryStore, model_cls: type[PolicyModelParticipant] = PolicyModelParticipant
+) -> tuple[str, ExecutionId]:
+    world = World(store, model_cls=model_cls)
     execution = world.at_boundary("r1")
     calls = Background()
     calls.start("c1", lambda: world.model.generate(execution, "c1", PROMPT, max_tokens=MAX))
@@ -505,3 +520,58 @@ def test_retire_during_a_generation_voids_the_late_delivery(store: MemoryStore) 
     assert isinstance(calls.errors["c1"], StaleAttemptError)
     assert world.model.lineage(execution) == [] and world.model.stats()["inflight"] == 0
     assert world.backend.completed_calls() == [("r1", 0, "c0")]  # the retired generation stopped early
+
+
+def _tampering(
+    edit: Callable[[ModelCallLineageRecord], ModelCallLineageRecord],
+) -> type[PolicyModelParticipant]:
+    """A model participant whose commit writes cut records changed by ``edit`` (a buggy server)."""
+
+    class Tampering(PolicyModelParticipant):
+        def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+            export = super()._export(scope)
+            records = [
+                edit(r) if isinstance(r, ModelCallLineageRecord) and r.cut is not None else r
+                for r in export.records
+            ]
+            return Export(records=records, executions=export.executions)
+
+    return Tampering
+
+
+def _with_cut(**changes: Any) -> Callable[[ModelCallLineageRecord], ModelCallLineageRecord]:
+    def edit(record: ModelCallLineageRecord) -> ModelCallLineageRecord:
+        assert record.cut is not None
+        return record.model_copy(update={"cut": record.cut.model_copy(update=changes)})
+
+    return edit
+
+
+def test_reader_rejects_a_cut_that_disagrees_with_its_token_receipt(store: MemoryStore) -> None:
+    cid, _ = _checkpoint_with_a_cut(store, _tampering(_with_cut(receipt_digest="f" * 64)))
+    with pytest.raises(CheckpointRejectedError) as info:
+        load_checkpoint(store, cid)
+    assert "token receipt digest" in info.value.message
+
+
+def test_verify_rejects_a_cut_whose_digest_does_not_match_the_stored_tokens(store: MemoryStore) -> None:
+    cid, _ = _checkpoint_with_a_cut(store, _tampering(_with_cut(prefix_digest=prefix_digest([1, 2]))))
+    assert [p.rollout_id for p in load_checkpoint(store, cid).continued] == ["r1"]  # index-only view
+    with pytest.raises(CheckpointRejectedError) as info:
+        verify_checkpoint(store, cid)
+    assert "do not match its coordinates" in info.value.message
+    fresh = World(store)
+    with pytest.raises(CheckpointError):  # and the restore refuses it before installing anything
+        fresh.coordinator.restore(cid)
+    assert fresh.model.status().live == 0
+
+
+def test_reader_does_not_continue_a_cut_that_is_not_a_child_of_the_last_delivered_call(
+    store: MemoryStore,
+) -> None:
+    def orphan(record: ModelCallLineageRecord) -> ModelCallLineageRecord:
+        return record.model_copy(update={"parent_call_id": None})
+
+    cid, _ = _checkpoint_with_a_cut(store, _tampering(orphan))
+    (item,) = load_checkpoint(store, cid).fresh
+    assert item.rollout_id == "r1" and "not a child of the last delivered call" in item.reason

@@ -26,6 +26,7 @@ from typing import Any, Literal, cast
 from pydantic import JsonValue
 
 from . import layout
+from ._cut_checks import cut_lineage_problem, cut_receipt_conflicts, verify_cut_tokens
 from .archive import ArchiveReader, MemberRef
 from .errors import (
     CheckpointError,
@@ -525,6 +526,11 @@ def _classify(
     for ex, by_key in receipts.items():
         for key, refs in by_key.items():
             _check_receipt(cid, ex, key, refs, snapshot)
+    # -- every generation cut must agree with the receipt of its own key (else reject) ------------
+    for ex, by_call in lineage.items():
+        conflicts = cut_receipt_conflicts(by_call, receipts.get(ex, {}))
+        if conflicts:
+            raise _reject(cid, f"{ex[0]}#{ex[1]}: {conflicts[0]}")
 
     # -- one disposition per dispatched execution -------------------------------------------------
     out: dict[str, RolloutPlan] = {}
@@ -616,6 +622,9 @@ def _dispose(
         token_key = call_refs.get("token_key")
         if token_key is not None and token_key not in held:
             return "fresh_dispatch", f"no token receipt for call {call_id!r}"
+    cut_problem = cut_lineage_problem(calls)
+    if cut_problem is not None:
+        return "fresh_dispatch", cut_problem
     return "continue", "agent boundary, resources, lineage and token receipts agree"
 
 
@@ -653,7 +662,7 @@ def verify_checkpoint(
         # manifest that classification reads. A custom store brings its own loader and checks.
         from pydantic import ValidationError
 
-        from .tokens import TokenSnapshotReceipt, verify_snapshot_data
+        from .tokens import TokenSnapshotReceipt, load_snapshot, verify_snapshot_data
 
         try:
             parsed = TokenSnapshotReceipt.model_validate(dict(receipt))
@@ -663,6 +672,10 @@ def verify_checkpoint(
             try:
                 verify_snapshot_data(plan.store, parsed)
                 objects += 1
+                entries = load_snapshot(plan.store, parsed)
+                for (kind, _), reader in plan.readers.items():
+                    if kind == "model":
+                        verify_cut_tokens(plan.store, entries, reader.members(kind="model_lineage"))
             except CheckpointError as exc:
                 raise _reject(
                     plan.checkpoint_id, f"token-store data failed verification: {exc.message}", code=exc.code
