@@ -27,6 +27,7 @@ from .coordinator import (
     CheckpointNotReadyError,
     CheckpointOutcome,
     Coordinator,
+    MissingParticipantError,
     RestoreFailedError,
     RestoreOutcome,
 )
@@ -162,6 +163,7 @@ __all__ = [
     "RecoveryPlan",
     "ResourceSnapshotRecord",
     "ResourcesParticipant",
+    "MissingParticipantError",
     "RestoreFailedError",
     "RestoreOutcome",
     "RestoreReply",
