@@ -74,6 +74,7 @@ class InventoryEnvironment:
         for item in ITEMS:
             rng, out = splitmix64(rng)
             target[item] = int(out % 4)
+        target[ITEMS[0]] = max(1, target[ITEMS[0]])  # never done before the first operation
         return {
             "items": dict.fromkeys(ITEMS, 0),
             "target": target,
@@ -81,7 +82,7 @@ class InventoryEnvironment:
             "ops": 0,
             "rejected": 0,
             "max_ops": self.max_ops,
-            "done": target == dict.fromkeys(ITEMS, 0),
+            "done": False,
         }
 
     def step(self, state: Mapping[str, Any], action: int) -> dict[str, Any]:
