@@ -52,7 +52,7 @@ class RealWorld:
                 boundary_index=index,
                 turn_index=index,
                 last_model_call_id=call_id,
-                resource_revisions={"s": revision},
+                resource_revisions={"res-0": {"s": revision}},
             ),
         )
 

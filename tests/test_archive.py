@@ -71,7 +71,7 @@ def make_records(n: int, seed: int = 0, payload_bytes: int = 200) -> list[Record
                 boundary_index=i,
                 turn_index=i % 7,
                 last_model_call_id=f"call-{i}",
-                resource_revisions={"env": i},
+                resource_revisions={"res": {"env": i}},
                 output_items=[{"text": "x" * rng.randrange(50)}, i],
                 agent_state=blob,
             )

@@ -42,7 +42,9 @@ records = st.one_of(
         boundary_index=st.integers(0, 10**6),
         turn_index=st.integers(0, 1000),
         last_model_call_id=st.none() | ids,
-        resource_revisions=st.dictionaries(ids, st.integers(0, 1000), max_size=3),
+        resource_revisions=st.dictionaries(
+            ids, st.dictionaries(ids, st.integers(0, 1000), max_size=3), max_size=2
+        ),
         output_items=st.lists(json_values, max_size=3),
         usage=st.dictionaries(st.text(max_size=8), st.integers(0, 10**6), max_size=3),
         agent_state=st.none() | blobs,

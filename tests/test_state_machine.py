@@ -1,18 +1,21 @@
 """A hypothesis state machine over the whole protocol with the reference participants.
 
-Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary), finish,
-hand off (and consume), checkpoint, cut (a checkpoint while a policy call generates: the call is cut
-at a durable prefix, and a restore from it continues that prefix exactly), crash (drop every
-in-memory participant), restore, retire, forget. Invariants after every step: participants are open
-whenever no checkpoint is running; a retired attempt is refused everywhere (also after a restore
-from a checkpoint that committed its tombstone, until the rollout is forgotten); every published
-checkpoint verifies; and in every checkpoint completed and continued rollouts are disjoint and, with
-fresh dispatches, cover exactly the dispatched ones.
+Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
+finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore,
+retire, forget; and issue 6's park-while-waiting (a checkpoint while a run waits on its next
+model call), finish-during-prepare (an episode ends while the agent stage prepares) and cut (a
+checkpoint while a policy call generates: the call is cut at a durable prefix, and a restore from
+it continues that prefix exactly). Invariants after every step: participants are open whenever no
+checkpoint is running; a retired attempt is refused everywhere (also after a restore from a
+checkpoint that committed its tombstone, until the rollout is forgotten); every published
+checkpoint verifies; and in every checkpoint completed and continued rollouts are disjoint and,
+with fresh dispatches, cover exactly the dispatched ones.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -179,6 +182,79 @@ class ProtocolMachine(RuleBasedStateMachine):
             else:
                 assert item.disposition == "fresh_dispatch", item.reason
 
+    # -- issue 6: parking while waiting on the model, finishing during prepare ----------------------
+    def _running_at_boundary(self, data: st.DataObject) -> ExecutionId | None:
+        candidates = [
+            info.execution
+            for info in self._entries("running")
+            if self.world.agent.latest_boundary(info.execution) is not None
+        ]
+        return data.draw(st.sampled_from(candidates)) if candidates else None
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data())
+    def checkpoint_while_waiting_on_the_model(self, data: st.DataObject) -> None:
+        """A run waits on its next model call (queued at the model) while a checkpoint runs: it
+        is parked, the checkpoint publishes, and the run then completes its turn."""
+        world = self.world
+        execution = self._running_at_boundary(data)
+        if execution is None:
+            return
+        self.calls += 1
+        call_id = f"c{self.calls}"
+        world.agent.start_turn(execution)
+        waiting, answered, left = threading.Event(), threading.Event(), threading.Event()
+
+        def await_model() -> None:
+            with world.agent.awaiting_model(execution, call_id):
+                waiting.set()
+                answered.wait(30)
+            left.set()
+
+        worker = threading.Thread(target=await_model)
+        worker.start()
+        assert waiting.wait(30)
+        restart_only = world.registry.get(execution.rollout_id).restart_only
+        outcome = world.coordinator.checkpoint()
+        self.retired_at[outcome.checkpoint_id] = set(self.retired)
+        item = load_checkpoint(self.store, outcome.checkpoint_id).rollouts[execution.rollout_id]
+        assert item.disposition == ("fresh_dispatch" if restart_only else "continue"), item.reason
+        answered.set()
+        worker.join(30)
+        assert left.is_set()
+        index = world.turns[execution.rollout_id] + 1
+        world.turns[execution.rollout_id] = index
+        world.turn(execution, call_id, index)  # the call returns: the turn completes
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data())
+    def finish_during_prepare(self, data: st.DataObject) -> None:
+        """The last turn of an episode is running when the checkpoint starts; the episode ends and
+        hands off its result while the agent stage prepares: the checkpoint holds it completed."""
+        world = self.world
+        execution = self._running_at_boundary(data)
+        if execution is None:
+            return
+        world.agent.start_turn(execution)  # blocks the agent stage until the run ends
+        outcome: list[str] = []
+        runner = threading.Thread(target=lambda: outcome.append(world.coordinator.checkpoint().checkpoint_id))
+        runner.start()
+        end = time.monotonic() + 30
+        while world.agent.phase is not Phase.PREPARING and time.monotonic() < end:
+            time.sleep(0.001)
+        world.agent.finish(execution)
+        world.model.finish(execution)
+        world.resources.end_session(execution, SESSION)
+        world.registry.finish(execution)
+        world.registry.hand_off(execution, {"rollout": execution.rollout_id}, reward=2.0)
+        runner.join(60)
+        [cid] = outcome
+        self.retired_at[cid] = set(self.retired)
+        plan = load_checkpoint(self.store, cid)
+        assert plan.rollouts[execution.rollout_id].disposition == "completed"
+        results = {r.rollout_id: r for r in plan.registry_records() if r.kind == "completed_result"}
+        assert results[execution.rollout_id].reward == 2.0  # neither lost nor to be redone
+
     @rule()
     def crash(self) -> None:
         """Every in-memory participant, the registry and the coordinator are gone."""
@@ -214,21 +290,22 @@ class ProtocolMachine(RuleBasedStateMachine):
         completes. With ``crash`` (or a later crash restoring this checkpoint) the restored next
         attempt re-issues the call and continues from the prefix (``_continue_cuts``)."""
         world = self.world
-        running = [
-            e for e in self._entries("running") if world.agent.latest_boundary(e.execution) is not None
-        ]
-        if not running:
+        execution = self._running_at_boundary(data)
+        if execution is None:
             return
-        execution = data.draw(st.sampled_from(running)).execution
         self.calls += 1
         call_id = f"c{self.calls}"
         prompt, max_tokens = [len(execution.rollout_id), self.calls], 12
         self.cut_calls[call_id] = (prompt, max_tokens)
         world.gated.hold_after(cut_at)
+        world.agent.start_turn(execution)
         out: list[GenerationResult] = []
-        thread = threading.Thread(
-            target=lambda: out.append(world.model.generate(execution, call_id, prompt, max_tokens=max_tokens))
-        )
+
+        def call() -> None:
+            with world.agent.awaiting_model(execution, call_id):
+                out.append(world.model.generate(execution, call_id, prompt, max_tokens=max_tokens))
+
+        thread = threading.Thread(target=call)
         thread.start()
         assert world.gated.blocked.wait(30)
         try:
@@ -250,16 +327,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         world = self.world
         for call_id, cut in world.model.pending_cuts(execution).items():
             prompt, max_tokens = self.cut_calls[call_id]
-            result = world.model.generate(execution, call_id, prompt, max_tokens=max_tokens)
+            world.agent.start_turn(execution)
+            with world.agent.awaiting_model(execution, call_id):
+                result = world.model.generate(execution, call_id, prompt, max_tokens=max_tokens)
             assert result.continued_from == cut and result.prefix_token_count == cut.prefix_token_count
             assert result.token_ids == FakeGenerationBackend(seed=1).generate(prompt, max_tokens).token_ids
             self._complete_turn(execution, call_id)
 
     def _complete_turn(self, execution: ExecutionId, call_id: str) -> None:
+        """The running turn whose model call ``call_id`` returned reaches its boundary."""
         world = self.world
         index = world.turns.get(execution.rollout_id, 0) + 1
         world.turns[execution.rollout_id] = index
-        world.agent.start_turn(execution)
         revision = world.resources.mutate(execution, SESSION, lambda s: {"n": s["n"] + 1})
         world.agent.boundary(
             execution,
@@ -269,7 +348,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 boundary_index=index,
                 turn_index=index,
                 last_model_call_id=call_id,
-                resource_revisions={SESSION: revision},
+                resource_revisions={world.resources.instance: {SESSION: revision}},
             ),
         )
 

@@ -27,6 +27,7 @@ from .coordinator import (
     CheckpointNotReadyError,
     CheckpointOutcome,
     Coordinator,
+    MissingParticipantError,
     RestoreFailedError,
     RestoreOutcome,
 )
@@ -76,6 +77,12 @@ from .participants import (
     StateCodec,
     validate_cut_coverage,
 )
+from .participants.environments import (
+    BlackjackEnvironment,
+    Environment,
+    InventoryEnvironment,
+    LiveStreamEnvironment,
+)
 from .records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
@@ -122,6 +129,7 @@ __all__ = [
     "ArchiveWriter",
     "AttemptFence",
     "BatchingTokenSink",
+    "BlackjackEnvironment",
     "Capabilities",
     "CheckpointCancelledError",
     "CheckpointConflictError",
@@ -143,6 +151,7 @@ __all__ = [
     "CutTicket",
     "DeadlineExceededError",
     "DispatchRecord",
+    "Environment",
     "ExecutionId",
     "FakeGenerationBackend",
     "GcReport",
@@ -154,11 +163,13 @@ __all__ = [
     "InlinePrefix",
     "IntegrityError",
     "InvalidArgumentError",
+    "InventoryEnvironment",
     "InvalidIdentifierError",
     "InvalidPhaseError",
     "InvalidRecordError",
     "JsonCodec",
     "LatestPointer",
+    "LiveStreamEnvironment",
     "LineageStore",
     "LiveExecutionRegistry",
     "LocalStore",
@@ -185,6 +196,7 @@ __all__ = [
     "RecoveryPlan",
     "ResourceSnapshotRecord",
     "ResourcesParticipant",
+    "MissingParticipantError",
     "RestoreFailedError",
     "RestoreOutcome",
     "RestoreReply",

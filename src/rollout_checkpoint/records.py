@@ -90,15 +90,25 @@ class Record(BaseModel, abc.ABC):
 
 
 class AgentBoundaryRecord(Record):
-    """An agent's state after a completed, non-terminal turn: enough to continue from it."""
+    """An agent's state after a completed, non-terminal turn: enough to continue from it.
+
+    ``resource_revisions`` maps a resources/environment *instance* to the sessions the agent
+    depends on there and their revisions (``{"blackjack": {"table": 3}}``): a session id is
+    only unique within its instance. ``last_model_call_id`` is the last model call whose result
+    the agent committed; ``pending_model_call_id`` is set by the agent participant when the run
+    was parked waiting on its next model call (cut or queued at the model), which attempt N+1
+    re-issues under the same id. ``cookies`` are the run's HTTP cookies (session affinity).
+    """
 
     kind: ClassVar[str] = "agent_boundary"
     boundary_index: int = Field(ge=0)
     turn_index: int = Field(ge=0)
     last_model_call_id: Identifier | None = None
-    resource_revisions: dict[str, int] = Field(default_factory=dict)
+    pending_model_call_id: Identifier | None = None
+    resource_revisions: dict[Identifier, dict[Identifier, int]] = Field(default_factory=dict)
     output_items: list[JsonValue] = Field(default_factory=list)
     usage: dict[str, int] = Field(default_factory=dict)
+    cookies: dict[str, str] = Field(default_factory=dict)
     agent_state: bytes | None = None
 
     @property
@@ -109,8 +119,14 @@ class AgentBoundaryRecord(Record):
         return self.boundary_index
 
     def index_refs(self) -> dict[str, JsonValue] | None:
-        resources: dict[str, JsonValue] = dict(self.resource_revisions)
-        return {"model_call": self.last_model_call_id, "resources": resources}
+        resources: dict[str, JsonValue] = {
+            instance: dict(sessions) for instance, sessions in self.resource_revisions.items()
+        }
+        return {
+            "model_call": self.last_model_call_id,
+            "pending_model_call": self.pending_model_call_id,
+            "resources": resources,
+        }
 
 
 class ResourceSnapshotRecord(Record):
@@ -196,11 +212,10 @@ class ModelCallLineageRecord(Record):
         return self.call_id
 
     def index_refs(self) -> dict[str, JsonValue] | None:
-        return {
-            "parent": self.parent_call_id,
-            "token_key": self.token_key,
-            "cut": self.cut.index_refs() if self.cut is not None else None,
-        }
+        refs: dict[str, JsonValue] = {"parent": self.parent_call_id, "token_key": self.token_key}
+        if self.cut is not None:  # absent (not null) for delivered calls: their refs stay as they were
+            refs["cut"] = self.cut.index_refs()
+        return refs
 
 
 class TokenStoreReceipt(Record):

@@ -501,9 +501,13 @@ def _classify(
 
     # -- participant members, grouped by execution ------------------------------------------------
     boundaries: dict[Execution, tuple[int, dict[str, Any]]] = {}
-    resources: dict[Execution, set[tuple[str, int]]] = {}
+    resources: dict[Execution, dict[str, dict[str, int]]] = {}  # instance -> session -> revision
+    instances: dict[str, int] = {}  # resources instance -> how many components carry that name
     lineage: dict[Execution, dict[str, dict[str, Any]]] = {}
     receipts: dict[Execution, dict[str, dict[str, Any]]] = {}
+    for comp in summaries:
+        if comp.ref.role == "participant" and comp.kind in _RESOURCE_KINDS:
+            instances[comp.instance] = instances.get(comp.instance, 0) + 1
     for comp in summaries:
         if comp.ref.role != "participant":
             continue
@@ -516,7 +520,8 @@ def _classify(
                 if best is None or rev > best[0]:
                     boundaries[ex] = (rev, refs)
             elif m.kind == "resource_snapshot":
-                resources.setdefault(ex, set()).add((m.key, m.revision if m.revision is not None else -1))
+                sessions = resources.setdefault(ex, {}).setdefault(comp.instance, {})
+                sessions[m.key] = m.revision if m.revision is not None else -1
             elif m.kind == "model_lineage":
                 lineage.setdefault(ex, {})[m.key] = refs
             elif m.kind == "token_receipt":
@@ -546,6 +551,7 @@ def _classify(
             tombstones,
             boundaries,
             resources,
+            instances,
             lineage,
             receipts,
         )
@@ -582,7 +588,8 @@ def _dispose(
     restarts: Mapping[Execution, str],
     tombstones: Mapping[str, int],
     boundaries: Mapping[Execution, tuple[int, dict[str, Any]]],
-    resources: Mapping[Execution, set[tuple[str, int]]],
+    resources: Mapping[Execution, Mapping[str, Mapping[str, int]]],
+    instances: Mapping[str, int],
     lineage: Mapping[Execution, dict[str, dict[str, Any]]],
     receipts: Mapping[Execution, dict[str, dict[str, Any]]],
 ) -> tuple[Disposition, str]:
@@ -601,15 +608,9 @@ def _dispose(
     if boundary is None:
         return "fresh_dispatch", "no agent boundary"
     refs = boundary[1]
-    have = resources.get(ex, set())
-    wanted = refs.get("resources") or {}
-    if isinstance(wanted, dict):
-        for session, revision in sorted(wanted.items()):
-            if (session, revision) not in have:
-                return (
-                    "fresh_dispatch",
-                    f"resources session {session!r} revision {revision} missing or different",
-                )
+    mismatch = _resources_disagree(refs.get("resources"), resources.get(ex, {}), instances)
+    if mismatch is not None:
+        return "fresh_dispatch", mismatch
     calls = lineage.get(ex, {})
     model_call = refs.get("model_call")
     if model_call is not None and model_call not in calls:
@@ -622,10 +623,64 @@ def _dispose(
         token_key = call_refs.get("token_key")
         if token_key is not None and token_key not in held:
             return "fresh_dispatch", f"no token receipt for call {call_id!r}"
+    past = _past_boundary(calls, model_call, refs.get("pending_model_call"))
+    if past:
+        return (
+            "fresh_dispatch",
+            f"model lineage runs past the boundary's last committed call {model_call!r}: {past}",
+        )
     cut_problem = cut_lineage_problem(calls)
     if cut_problem is not None:
         return "fresh_dispatch", cut_problem
     return "continue", "agent boundary, resources, lineage and token receipts agree"
+
+
+_RESOURCE_KINDS = frozenset({"resources", "environment"})
+
+
+def _resources_disagree(
+    wanted: Any, have: Mapping[str, Mapping[str, int]], instances: Mapping[str, int]
+) -> str | None:
+    """Why the revisions a boundary names (``{instance: {session: revision}}``) do not match the
+    resources components' snapshots of the same execution, or ``None`` when they all do."""
+    if not wanted:
+        return None
+    if not isinstance(wanted, dict):
+        return "agent boundary names resources in an unknown form"
+    for instance, sessions in sorted(wanted.items()):
+        count = instances.get(instance, 0)
+        if count == 0:
+            return f"resources instance {instance!r} is not in the checkpoint"
+        if count > 1:
+            return f"resources instance {instance!r} is ambiguous (a resources and an environment component)"
+        if not isinstance(sessions, dict):
+            return f"agent boundary names resources instance {instance!r} in an unknown form"
+        held = have.get(instance, {})
+        for session, revision in sorted(sessions.items()):
+            if held.get(session) != revision:
+                found = "missing" if session not in held else f"at revision {held[session]}"
+                return (
+                    f"resources session {session!r} of instance {instance!r}: boundary needs revision "
+                    f"{revision}, snapshot is {found}"
+                )
+    return None
+
+
+def _past_boundary(calls: Mapping[str, Mapping[str, Any]], last: Any, pending: Any) -> list[str]:
+    """Calls of the lineage after the boundary's last committed call ``last``.
+
+    The lineage must end at ``last``; the one exception is the call the agent was parked on
+    (``pending``, a cut or queued call whose parent is ``last``), which attempt N+1 re-issues.
+    """
+    committed: set[str] = set()
+    cursor = last
+    while isinstance(cursor, str) and cursor in calls and cursor not in committed:
+        committed.add(cursor)
+        cursor = calls[cursor].get("parent")
+    past = sorted(set(calls) - committed)
+    if past == [pending] and calls[pending].get("parent") == last:
+        return []
+    return past
 
 
 def verify_checkpoint(

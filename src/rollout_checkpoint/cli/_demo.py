@@ -112,7 +112,7 @@ class DemoDeployment:
                 boundary_index=1,
                 turn_index=1,
                 last_model_call_id="call-1",
-                resource_revisions={"env": revision},
+                resource_revisions={"resources-0": {"env": revision}},
                 output_items=[{"role": "assistant", "content": "move 1"}],
                 usage={"input_tokens": 4, "output_tokens": 2},
                 agent_state=agent_state,
