@@ -647,3 +647,34 @@ def test_agenerate_serves_an_event_loop(store: MemoryStore) -> None:
 
     first, second = asyncio.run(two_calls())
     assert first.token_ids == second.token_ids == FakeGenerationBackend(seed=2).generate(PROMPT, 6).token_ids
+
+
+def test_a_frozen_call_whose_completion_cannot_be_staged_is_a_failure_not_a_blocker(
+    store: MemoryStore,
+) -> None:
+    class FailingGate(GatedSink):
+        def put(self, entry: TokenEntry) -> TokenPutReceipt:
+            if entry.call_id == "slow":
+                self.waiting.set()
+                self.gate.wait(30)
+                raise TransientStoreError("token store unavailable")
+            return self.inner.put(entry)
+
+    tokens = ObjectStoreTokenStore(store)
+    sink = FailingGate(tokens)
+    model = PolicyModelParticipant(sink, backend=FakeGenerationBackend(seed=7), token_source=tokens)
+    calls = Background()
+    calls.start("slow", lambda: model.generate(ex(), "slow", PROMPT, max_tokens=12))
+    sink.waiting.wait(10)
+    done: list[Any] = []
+    waiter = threading.Thread(target=lambda: done.append(model.prepare("ck-1", soon())))
+    waiter.start()
+    wait_for(lambda: model.cut_report() is not None)
+    sink.gate.set()
+    waiter.join(30)
+    assert done[0].ready  # the failure is the call's disposition: prepare does not wait for it
+    _, acks = model.cut_report() or (None, None)
+    assert acks is not None and [a.disposition for a in acks.acknowledgements] == ["failed"]
+    calls.join()
+    assert isinstance(calls.errors["slow"], TransientStoreError)
+    model.resume("ck-1", soon())

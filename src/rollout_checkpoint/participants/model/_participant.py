@@ -139,9 +139,11 @@ class PolicyModelParticipant(CutRounds):
             self._tickets[ticket.key] = ticket
         try:
             return self._serve(backend, ticket, max_tokens)
-        except BaseException:
+        except BaseException as exc:
             with self._cond:
                 if self._tickets.get(ticket.key) is ticket:
+                    # a frozen call that ends without a durable result still gets its disposition
+                    self._fail_in_round(ticket, f"the call failed: {type(exc).__name__}")
                     self._drop_ticket(ticket)
             raise
 
