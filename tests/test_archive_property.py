@@ -66,12 +66,23 @@ records = st.one_of(
         parent_call_id=st.none() | ids,
         policy_version=st.text(min_size=1, max_size=12),
         token_key=st.none() | st.text(max_size=30),
-        cut=st.none()
-        | st.builds(
+    ),
+    st.builds(
+        lambda r, a, c, cut: ModelCallLineageRecord(
+            rollout_id=r, attempt=a, call_id=c, policy_version="v1", token_key=cut.receipt_key, cut=cut
+        ),
+        ids,
+        attempts,
+        ids,
+        st.builds(
             GenerationCut,
             cut_kind=st.sampled_from(["active_prefix", "terminal_completion"]),
+            frozen_buffer_id=ids,
             prefix_token_count=st.integers(0, 10**5),
-            prefix_digest=st.text(min_size=1, max_size=16),
+            prefix_digest=st.text("0123456789abcdef", min_size=64, max_size=64),
+            receipt_key=st.text(min_size=1, max_size=30),
+            receipt_digest=st.text("0123456789abcdef", min_size=64, max_size=64),
+            receipt_length=st.integers(0, 10**6),
         ),
     ),
     st.builds(

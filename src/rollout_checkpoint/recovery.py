@@ -26,6 +26,7 @@ from typing import Any, Literal, cast
 from pydantic import JsonValue
 
 from . import layout
+from ._cut_checks import cut_lineage_problem, cut_receipt_conflicts, verify_cut_tokens
 from .archive import ArchiveReader, MemberRef
 from .errors import (
     CheckpointError,
@@ -530,6 +531,11 @@ def _classify(
     for ex, by_key in receipts.items():
         for key, refs in by_key.items():
             _check_receipt(cid, ex, key, refs, snapshot)
+    # -- every generation cut must agree with the receipt of its own key (else reject) ------------
+    for ex, by_call in lineage.items():
+        conflicts = cut_receipt_conflicts(by_call, receipts.get(ex, {}))
+        if conflicts:
+            raise _reject(cid, f"{ex[0]}#{ex[1]}: {conflicts[0]}")
 
     # -- one disposition per dispatched execution -------------------------------------------------
     out: dict[str, RolloutPlan] = {}
@@ -617,7 +623,10 @@ def _dispose(
         token_key = call_refs.get("token_key")
         if token_key is not None and token_key not in held:
             return "fresh_dispatch", f"no token receipt for call {call_id!r}"
-    past = _past_boundary(calls, model_call, refs.get("pending_model_call"))
+    cut_problem = cut_lineage_problem(calls)
+    if cut_problem is not None:
+        return "fresh_dispatch", cut_problem
+    past = _past_boundary(calls, model_call)
     if past:
         return (
             "fresh_dispatch",
@@ -657,21 +666,24 @@ def _resources_disagree(
     return None
 
 
-def _past_boundary(calls: Mapping[str, Mapping[str, Any]], last: Any, pending: Any) -> list[str]:
-    """Calls of the lineage after the boundary's last committed call ``last``.
+def _past_boundary(calls: Mapping[str, Mapping[str, Any]], last: Any) -> list[str]:
+    """Calls of the lineage past the boundary's last committed call ``last``.
 
-    The lineage must end at ``last``; the one exception is the call the agent was parked on
-    (``pending``, a cut or queued call whose parent is ``last``), which attempt N+1 re-issues.
+    The delivered lineage must end at ``last``. Beyond it only *cut* calls (``refs.cut`` set:
+    a durable prefix or a completion held during the checkpoint) whose parent is ``last`` may
+    follow: attempt N+1 re-issues them under the same id and continues from the cut. A
+    delivered call past ``last`` means the agent's boundary lags behind work it consumed.
     """
     committed: set[str] = set()
     cursor = last
     while isinstance(cursor, str) and cursor in calls and cursor not in committed:
         committed.add(cursor)
         cursor = calls[cursor].get("parent")
-    past = sorted(set(calls) - committed)
-    if past == [pending] and calls[pending].get("parent") == last:
-        return []
-    return past
+    return sorted(
+        call_id
+        for call_id, refs in calls.items()
+        if call_id not in committed and (refs.get("cut") is None or refs.get("parent") != last)
+    )
 
 
 def verify_checkpoint(
@@ -708,7 +720,7 @@ def verify_checkpoint(
         # manifest that classification reads. A custom store brings its own loader and checks.
         from pydantic import ValidationError
 
-        from .tokens import TokenSnapshotReceipt, verify_snapshot_data
+        from .tokens import TokenSnapshotReceipt, load_snapshot, verify_snapshot_data
 
         try:
             parsed = TokenSnapshotReceipt.model_validate(dict(receipt))
@@ -718,6 +730,10 @@ def verify_checkpoint(
             try:
                 verify_snapshot_data(plan.store, parsed)
                 objects += 1
+                entries = load_snapshot(plan.store, parsed)
+                for (kind, _), reader in plan.readers.items():
+                    if kind == "model":
+                        verify_cut_tokens(plan.store, entries, reader.members(kind="model_lineage"))
             except CheckpointError as exc:
                 raise _reject(
                     plan.checkpoint_id, f"token-store data failed verification: {exc.message}", code=exc.code

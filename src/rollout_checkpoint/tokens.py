@@ -15,7 +15,12 @@ Trade-off: every :meth:`ObjectStoreTokenStore.put` writes one shard, so a receip
 the moment it is returned (a model call's staging is the durability boundary a checkpoint waits
 for). That is one object per model call; a server that stages many calls at once should use
 :meth:`ObjectStoreTokenStore.put_many`, which writes one shard for the whole batch. Buffering
-across calls would make receipts lie about durability, so it is not offered.
+across calls would make receipts lie about durability, so it is not offered: a server that
+wants fewer, larger shards wraps the store in :class:`BatchingTokenSink`, whose ``put`` still
+returns only once its batch is durable (group commit).
+
+:func:`prefix_digest` is the canonical digest of a token-id sequence that generation cuts carry
+(``docs/format.md``, "Generation cuts").
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from .store import ObjectStore, open_store
 
 __all__ = [
     "TOKEN_ENTRY_SCHEMA_VERSION",
+    "BatchTokenSink",
+    "BatchingTokenSink",
     "TOKEN_SNAPSHOT_FORMAT",
     "InMemoryLineageStore",
     "LineageStore",
@@ -52,6 +59,7 @@ __all__ = [
     "TokenSnapshotReceipt",
     "TokenSource",
     "load_snapshot",
+    "prefix_digest",
     "read_entry",
     "snapshot_key",
     "token_key",
@@ -114,6 +122,17 @@ class TokenEntry(_Model):
     def receipt(self) -> TokenPutReceipt:
         data = self.canonical_bytes()
         return TokenPutReceipt(key=self.key, digest=hashlib.sha256(data).hexdigest(), length=len(data))
+
+
+def prefix_digest(token_ids: Sequence[int]) -> str:
+    """sha256 (lowercase hex) of the token ids as a compact JSON array of decimal integers.
+
+    ``[17,4,250]`` is hashed as the ASCII bytes ``[17,4,250]`` (no spaces; ``[]`` for none), so a
+    second implementation reproduces it with any JSON encoder set to compact separators.
+    """
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in token_ids):
+        raise InvalidRecordError("token ids must be non-negative integers")
+    return hashlib.sha256(("[" + ",".join(str(t) for t in token_ids) + "]").encode()).hexdigest()
 
 
 def token_key(rollout_id: str, attempt: int, call_id: str) -> str:
@@ -512,3 +531,94 @@ def verify_snapshot_data(store: str | ObjectStore, receipt: TokenSnapshotReceipt
         for key, located in members:
             _entry_from_table(table, located, key)
     return len(entries)
+
+
+@runtime_checkable
+class BatchTokenSink(Protocol):
+    """A sink that can store several entries in one durable write."""
+
+    @property
+    def name(self) -> str: ...
+
+    def put_many(self, entries: Sequence[TokenEntry]) -> list[TokenPutReceipt]: ...
+
+
+class _Waiter:
+    __slots__ = ("entries", "error", "receipts")
+
+    def __init__(self, entries: list[TokenEntry]) -> None:
+        self.entries = entries
+        self.receipts: list[TokenPutReceipt] | None = None
+        self.error: BaseException | None = None
+
+
+class BatchingTokenSink:
+    """Group commit in front of a :class:`BatchTokenSink`: fewer, larger shards, honest receipts.
+
+    Concurrent ``put`` calls are written together in one ``put_many``; each ``put`` returns only
+    after the write holding its entry is durable, so a receipt never runs ahead of its tokens.
+    The first caller to find no write running leads: it waits ``linger`` seconds for others to
+    join, writes up to ``max_batch`` callers' entries and wakes them. A failed batch is retried
+    caller by caller, so an error (a conflicting entry, say) reaches only the caller it concerns.
+    """
+
+    def __init__(self, inner: BatchTokenSink, *, max_batch: int = 256, linger: float = 0.002) -> None:
+        if max_batch < 1 or linger < 0:
+            raise InvalidRecordError("BatchingTokenSink needs max_batch >= 1 and linger >= 0")
+        self.inner = inner
+        self.max_batch = max_batch
+        self.linger = linger
+        self.batches = 0
+        self._cond = threading.Condition()
+        self._queue: list[_Waiter] = []
+        self._writing = False
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def put(self, entry: TokenEntry) -> TokenPutReceipt:
+        return self.put_many([entry])[0]
+
+    def put_many(self, entries: Sequence[TokenEntry]) -> list[TokenPutReceipt]:
+        waiter = _Waiter(list(entries))
+        with self._cond:
+            self._queue.append(waiter)
+            while waiter.receipts is None and waiter.error is None:
+                if self._writing:
+                    self._cond.wait()
+                    continue
+                self._writing = True
+                try:
+                    if self.linger:
+                        self._cond.wait(self.linger)  # others join the batch meanwhile
+                    batch = self._queue[: self.max_batch]
+                    del self._queue[: self.max_batch]
+                    self._cond.release()
+                    try:
+                        self._write(batch)
+                    finally:
+                        self._cond.acquire()
+                finally:
+                    self._writing = False
+                    self._cond.notify_all()
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.receipts is not None
+        return waiter.receipts
+
+    def _write(self, batch: list[_Waiter]) -> None:
+        self.batches += 1
+        try:
+            receipts = self.inner.put_many([e for w in batch for e in w.entries])
+        except Exception:
+            for waiter in batch:  # find out whose entry failed
+                try:
+                    waiter.receipts = self.inner.put_many(waiter.entries)
+                except Exception as exc:
+                    waiter.error = exc
+            return
+        at = 0
+        for waiter in batch:
+            waiter.receipts = receipts[at : at + len(waiter.entries)]
+            at += len(waiter.entries)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import typer
@@ -17,7 +18,7 @@ from ..records import AgentBoundaryRecord
 from ..recovery import load_checkpoint
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore, open_store
-from ..tokens import ObjectStoreTokenStore, TokenEntry, TokenPutReceipt
+from ..tokens import BatchingTokenSink, ObjectStoreTokenStore
 from ._checkpoints import render_plan
 from ._common import EndpointOpt, JsonOpt
 from ._common import console as _console
@@ -31,30 +32,6 @@ DEFAULT_DEMO_DIR = "./demo-checkpoints"
 # -- the demo deployment (shared with the benchmark) ------------------------------------------------
 
 
-class _BatchingSink:
-    """A token sink that hands out receipts at once and writes the entries in one shard on
-    :meth:`flush`. Only for demos and benchmarks that create many calls before one checkpoint:
-    call ``flush`` before the checkpoint (a real sink returns only once an entry is durable)."""
-
-    def __init__(self, inner: ObjectStoreTokenStore) -> None:
-        self.inner = inner
-        self._pending: list[TokenEntry] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def put(self, entry: TokenEntry) -> TokenPutReceipt:
-        self._pending.append(entry)
-        return entry.receipt()
-
-    def flush(self) -> int:
-        pending, self._pending = self._pending, []
-        if pending:
-            self.inner.put_many(pending)
-        return len(pending)
-
-
 class DemoDeployment:
     """In-process participants of each kind (agent, policy model, resources) with a registry,
     a reference token store and a coordinator, all on one store."""
@@ -62,7 +39,8 @@ class DemoDeployment:
     def __init__(self, store: str | ObjectStore, *, accept_unsafe_store: bool = False) -> None:
         self.store = open_store(store)
         self.tokens = ObjectStoreTokenStore(self.store)
-        self.sink = _BatchingSink(self.tokens)
+        # group commit: concurrent stagings share one shard, and each receipt waits for it
+        self.sink = BatchingTokenSink(self.tokens)
         self.agent = AgentParticipant("agent-0")
         self.model = PolicyModelParticipant(self.sink, "policy-0")
         self.resources = ResourcesParticipant("resources-0", mode="exported")
@@ -71,7 +49,6 @@ class DemoDeployment:
         self.coordinator = Coordinator(
             self.store, self.participants, self.registry, self.tokens, accept_unsafe_store=accept_unsafe_store
         )
-        self._agent_states: Iterator[bytes] | None = None
 
     def close(self) -> None:
         for participant in self.participants:
@@ -84,9 +61,9 @@ class DemoDeployment:
         restart-only, 60% mid-rollout parked at a turn boundary (one model call with tokens, one
         resources session at revision 1). ``agent_states`` supplies each parked agent's opaque
         state (a conversation history, say). Returns how many of each."""
-        self._agent_states = agent_states
         counts = {"handed_off": 0, "queued": 0, "restart_only": 0, "at_boundary": 0}
         registry = self.registry
+        turns: list[tuple[ExecutionId, bytes]] = []
         for i in range(rollouts):
             rollout_id = f"{prefix}-{i:07d}"
             kind = i % 10
@@ -112,12 +89,14 @@ class DemoDeployment:
             else:
                 e = registry.dispatch(rollout_id, input_digest=rollout_id)
                 registry.start(e)
-                self._turn(e)
+                state = next(agent_states) if agent_states is not None else b'{"scratch": 1}'
+                turns.append((e, state))
                 counts["at_boundary"] += 1
-        self.sink.flush()
+        with ThreadPoolExecutor(max_workers=64) as pool:  # concurrent turns batch their tokens
+            list(pool.map(lambda item: self._turn(*item), turns))
         return counts
 
-    def _turn(self, e: ExecutionId) -> None:
+    def _turn(self, e: ExecutionId, agent_state: bytes) -> None:
         self.agent.begin(e)
         with self.model.call(e, "call-1", policy_version="v1") as call:
             call.stage(
@@ -136,12 +115,11 @@ class DemoDeployment:
                 resource_revisions={"resources-0": {"env": revision}},
                 output_items=[{"role": "assistant", "content": "move 1"}],
                 usage={"input_tokens": 4, "output_tokens": 2},
-                agent_state=next(self._agent_states) if self._agent_states is not None else b'{"scratch": 1}',
+                agent_state=agent_state,
             ),
         )
 
     def checkpoint(self, checkpoint_id: str | None = None, **kwargs: Any) -> CheckpointOutcome:
-        self.sink.flush()
         return self.coordinator.checkpoint(checkpoint_id, **kwargs)
 
     def restore(self, checkpoint_id: str | None = None) -> RestoreOutcome:
