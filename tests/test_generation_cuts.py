@@ -171,7 +171,7 @@ def test_crash_mid_generation_continues_from_the_exact_prefix(store: MemoryStore
     nxt = execution.next_attempt()
     boundary = fresh.agent.begin(nxt)
     assert boundary is not None and boundary.last_model_call_id == "c0"
-    assert [c.cut_kind for c in fresh.model.pending_cuts(nxt)] == ["active_prefix"]
+    assert {c: k.cut_kind for c, k in fresh.model.pending_cuts(nxt).items()} == {"c1": "active_prefix"}
     result = fresh.model.generate(nxt, "c1", PROMPT, max_tokens=MAX)
     assert result.token_ids == reference.token_ids and result.log_probs == reference.log_probs
     assert result.continued_from is not None and result.prefix_token_count == cut["count"]

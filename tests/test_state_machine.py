@@ -1,14 +1,15 @@
 """A hypothesis state machine over the whole protocol with the reference participants.
 
-Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
-finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore,
-retire, forget; and issue 6's park-while-waiting (a checkpoint while a run waits on its next
-model call) and finish-during-prepare (an episode ends while the agent stage prepares).
-Invariants after every step: participants are open whenever no checkpoint is
-running; a retired attempt is refused everywhere (also after a restore from a checkpoint that
-committed its tombstone, until the rollout is forgotten); every published checkpoint verifies; and in
-every checkpoint completed and continued rollouts are disjoint and, with fresh dispatches,
-cover exactly the dispatched ones.
+Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary), finish,
+hand off (and consume), checkpoint, cut (a checkpoint while a policy call generates: the call is cut
+at a durable prefix, and a restore from it continues that prefix exactly), crash (drop every
+in-memory participant), restore, retire, forget; and park-while-waiting (a checkpoint while a run
+waits on its next model call) and finish-during-prepare (an episode ends while the agent stage
+prepares). Invariants after every step: participants are open whenever no checkpoint is running; a
+retired attempt is refused everywhere (also after a restore from a checkpoint that committed its
+tombstone, until the rollout is forgotten); every published checkpoint verifies; and in every
+checkpoint completed and continued rollouts are disjoint and, with fresh dispatches, cover exactly
+the dispatched ones.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from rollout_checkpoint.control import Phase
 from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.manifests import list_published
+from rollout_checkpoint.participants import FakeGenerationBackend, GenerationResult
+from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import MemoryStore
 
@@ -34,11 +37,38 @@ ROLLOUTS = [f"r{i}" for i in range(5)]
 SESSION = "s"
 
 
+class GatedBackend(FakeGenerationBackend):
+    """The fake backend whose generations stop after ``allow`` tokens until ``gate`` opens, so a
+    checkpoint deterministically finds them mid-generation."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=1)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.allow = 0
+        self.blocked = threading.Event()
+        self._issued = 0
+
+    def _token(self, state: bytes) -> tuple[int, float]:
+        if not self.gate.is_set():
+            self._issued += 1
+            if self._issued > self.allow:
+                self.blocked.set()
+                self.gate.wait(30)
+        return super()._token(state)
+
+    def hold_after(self, tokens: int) -> None:
+        self.allow, self._issued = tokens, 0
+        self.blocked.clear()
+        self.gate.clear()
+
+
 class World(RealWorld):
     """The reference deployment plus the number of turns each rollout has taken."""
 
     def __init__(self, store: MemoryStore) -> None:
-        super().__init__(store)
+        self.gated = GatedBackend()
+        super().__init__(store, backend=self.gated)
         self.turns: dict[str, int] = {}
 
 
@@ -53,6 +83,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         # and must be refused again after a restore from it, until forgotten
         self.retired_at: dict[str, set[ExecutionId]] = {}
         self.calls = 0
+        self.cut_calls: dict[str, tuple[list[int], int]] = {}  # call id -> prompt, max_tokens
 
     def teardown(self) -> None:
         self.world.close()
@@ -249,6 +280,74 @@ class ProtocolMachine(RuleBasedStateMachine):
                 boundary = world.agent.begin(nxt)
                 assert boundary is not None and boundary.attempt == nxt.attempt
                 world.turns[item.rollout_id] = boundary.boundary_index
+                self._continue_cuts(nxt)
+
+    @precondition(lambda self: not self.crashed)
+    @rule(data=st.data(), cut_at=st.integers(0, 6), crash=st.booleans())
+    def cut(self, data: st.DataObject, cut_at: int, crash: bool) -> None:
+        """A checkpoint while a policy call generates: it is cut after ``cut_at`` tokens. The
+        response is held until resume, then equals the uninterrupted generation and the turn
+        completes. With ``crash`` (or a later crash restoring this checkpoint) the restored next
+        attempt re-issues the call and continues from the prefix (``_continue_cuts``)."""
+        world = self.world
+        running = [
+            e for e in self._entries("running") if world.agent.latest_boundary(e.execution) is not None
+        ]
+        if not running:
+            return
+        execution = data.draw(st.sampled_from(running)).execution
+        self.calls += 1
+        call_id = f"c{self.calls}"
+        prompt, max_tokens = [len(execution.rollout_id), self.calls], 12
+        self.cut_calls[call_id] = (prompt, max_tokens)
+        world.gated.hold_after(cut_at)
+        out: list[GenerationResult] = []
+        thread = threading.Thread(
+            target=lambda: out.append(world.model.generate(execution, call_id, prompt, max_tokens=max_tokens))
+        )
+        thread.start()
+        assert world.gated.blocked.wait(30)
+        try:
+            self.checkpoint()  # the same expectations as any checkpoint, plus the cut:
+            assert world.model.stats()["cuts"] >= 1
+        finally:
+            world.gated.gate.set()
+            thread.join(30)
+        reference = FakeGenerationBackend(seed=1).generate(prompt, max_tokens)
+        assert out and out[0].token_ids == reference.token_ids
+        if crash:
+            self.crash()
+            self.restore()
+        else:
+            self._complete_turn(execution, call_id)
+
+    def _continue_cuts(self, execution: ExecutionId) -> None:
+        """After a restore: re-issue each cut call; it continues from its prefix, exactly."""
+        world = self.world
+        for call_id, cut in world.model.pending_cuts(execution).items():
+            prompt, max_tokens = self.cut_calls[call_id]
+            result = world.model.generate(execution, call_id, prompt, max_tokens=max_tokens)
+            assert result.continued_from == cut and result.prefix_token_count == cut.prefix_token_count
+            assert result.token_ids == FakeGenerationBackend(seed=1).generate(prompt, max_tokens).token_ids
+            self._complete_turn(execution, call_id)
+
+    def _complete_turn(self, execution: ExecutionId, call_id: str) -> None:
+        world = self.world
+        index = world.turns.get(execution.rollout_id, 0) + 1
+        world.turns[execution.rollout_id] = index
+        world.agent.start_turn(execution)
+        revision = world.resources.mutate(execution, SESSION, lambda s: {"n": s["n"] + 1})
+        world.agent.boundary(
+            execution,
+            AgentBoundaryRecord(
+                rollout_id=execution.rollout_id,
+                attempt=execution.attempt,
+                boundary_index=index,
+                turn_index=index,
+                last_model_call_id=call_id,
+                resource_revisions={world.resources.instance: {SESSION: revision}},
+            ),
+        )
 
     @precondition(lambda self: not self.crashed)
     @rule(data=st.data())

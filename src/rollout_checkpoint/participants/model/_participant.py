@@ -378,11 +378,11 @@ class PolicyModelParticipant(CutRounds):
             chain = self._chains.get(execution)
             return list(chain.calls) if chain else []
 
-    def pending_cuts(self, execution: ExecutionId) -> list[GenerationCut]:
-        """The restored cuts of ``execution`` still waiting for their call to be re-issued."""
+    def pending_cuts(self, execution: ExecutionId) -> dict[str, GenerationCut]:
+        """The restored cuts of ``execution`` still waiting for their call to be re-issued, by call id."""
         with self._cond:
             chain = self._chains.get(execution)
-            return [p.cut for _, p in sorted(chain.pending.items())] if chain else []
+            return {c: p.cut for c, p in sorted(chain.pending.items())} if chain else {}
 
     def stats(self) -> dict[str, int]:
         """Counters: calls_completed, cuts (durable active prefixes), completed / never_started /
