@@ -1,6 +1,7 @@
 """A multi-turn agent over each reference environment and the fake policy model, crashed at
 every boundary and in the middle of a generation, restored and finished: the same final state
-and rewards as the uninterrupted run, and no completed model or tool call repeated."""
+and rewards as the uninterrupted run, no completed model or tool call repeated, and the dead
+attempt's late writes refused by the restored process."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 import pytest
 
 from rollout_checkpoint.demo import DemoWorld, Ledger, RolloutSpec, rollout_specs, run_rollout
+from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
+from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.store import MemoryStore
 
 TURNS = 4
@@ -121,6 +124,7 @@ def _crash_and_finish(
         run_rollout(second, spec, nxt, after, max_tokens=MAX_TOKENS)
     else:
         assert item.disposition == "continue", item.reason
+        _late_writes_of_the_dead_attempt_are_refused(second, spec, item.execution)
         boundary = second.agent.begin(nxt)
         assert boundary is not None and boundary.turn_index == stop_at
         if mid_generation:
@@ -133,6 +137,36 @@ def _crash_and_finish(
             assert second.model.stats()["cuts_continued"] == 1
     second.close()
     return after.results[spec.rollout_id]
+
+
+def _late_boundary(old: ExecutionId) -> AgentBoundaryRecord:
+    return AgentBoundaryRecord(
+        rollout_id=old.rollout_id, attempt=old.attempt, boundary_index=99, turn_index=99
+    )
+
+
+def _late_writes_of_the_dead_attempt_are_refused(
+    world: DemoWorld, spec: RolloutSpec, old: ExecutionId
+) -> None:
+    """Requests of attempt N reaching the restored process are stale and change nothing."""
+    before = [p.status() for p in world.participants]
+    resources = world.resources[spec.env]
+    attempts: list[Callable[[], object]] = [
+        lambda: resources.mutate(old, "env", lambda s: s, wait=0),
+        lambda: world.model.generate(old, "call-late", [1, 2], max_tokens=2, wait=0),
+        lambda: world.agent.begin(old),
+        lambda: world.agent.boundary(
+            old,
+            AgentBoundaryRecord(
+                rollout_id=old.rollout_id, attempt=old.attempt, boundary_index=99, turn_index=99
+            ),
+        ),
+        lambda: world.registry.check(old),
+    ]
+    for attempt in attempts:
+        with pytest.raises(StaleAttemptError):
+            attempt()
+    assert [p.status() for p in world.participants] == before
 
 
 @pytest.mark.parametrize("delivery", ["inline", "staged"])
