@@ -89,3 +89,16 @@ def test_skip_restore_in_process_resumes_nothing(tmp_path: Path) -> None:
 def test_skip_restore_takes_a_known_kind(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", str(tmp_path / "x"), "--skip-restore", "bogus"])
     assert result.exit_code == 2 and "agent, model or resources" in result.output
+
+
+def test_demo_runs_again_in_the_same_store(tmp_path: Path) -> None:
+    """The README's first command, run twice: each run's rollouts are its own (no token-key clash)."""
+    target = tmp_path / "again"
+    for seed in ("1", "2"):
+        result = runner.invoke(app, ["demo", str(target), "--rollouts", "3", "--turns", "3", "--seed", seed])
+        assert result.exit_code == 0, result.output
+    store = LocalStore(target)
+    published = list_published(store)
+    assert len(published) == 4
+    for item in published:
+        verify_checkpoint(store, item.checkpoint_id)

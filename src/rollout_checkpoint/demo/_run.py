@@ -151,7 +151,8 @@ def run_demo(
 
     # -- 1. the first process: run, checkpoint while generating, checkpoint again and crash ------
     first = world(store, fault_hook=hook)
-    specs = rollout_specs(rollouts, turns, seed, first.envs)
+    # a run of its own: rollout ids (token-store keys) never repeat between runs in one store
+    specs = rollout_specs(rollouts, turns, seed, first.envs, prefix=f"run{uuid.uuid4().hex[:8]}")
     before = Ledger()
     jobs: list[tuple[RolloutSpec, ExecutionId, Any]] = []
     for spec in specs:

@@ -96,13 +96,19 @@ class RolloutSpec:
         return hashlib.sha256(f"{self.env}:{self.seed}:{self.turns}".encode()).hexdigest()[:16]
 
 
-def rollout_specs(rollouts: int, turns: int, seed: int, envs: Iterable[str]) -> list[RolloutSpec]:
-    """Rollouts spread round-robin over ``envs``, each with a seed derived from the demo seed."""
+def rollout_specs(
+    rollouts: int, turns: int, seed: int, envs: Iterable[str], *, prefix: str = "rollout"
+) -> list[RolloutSpec]:
+    """Rollouts spread round-robin over ``envs``, each with a seed derived from the demo seed.
+
+    ``prefix`` names the run: rollout ids (and so token-store keys) must not repeat between
+    runs that share a store.
+    """
     names = list(envs)
     out = []
     for i in range(rollouts):
         derived = int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "big")
-        out.append(RolloutSpec(f"rollout-{i:04d}", names[i % len(names)], derived, turns))
+        out.append(RolloutSpec(f"{prefix}-{i:04d}", names[i % len(names)], derived, turns))
     return out
 
 
