@@ -37,6 +37,7 @@ from rollout_checkpoint.errors import (
     DeadlineExceededError,
     GenerationCutError,
     StaleAttemptError,
+    TransientStoreError,
 )
 from rollout_checkpoint.records import ModelCallLineageRecord
 from rollout_checkpoint.store import MemoryStore, ObjectStore
@@ -119,6 +120,12 @@ class World:
         self.agent.close()
         self.model.close()
 
+    def call(self, execution: ExecutionId, call_id: str) -> GenerationResult:
+        """The next turn's model call, the run parked on it while it waits."""
+        self.agent.start_turn(execution)
+        with self.agent.awaiting_model(execution, call_id):
+            return self.model.generate(execution, call_id, PROMPT, max_tokens=MAX)
+
     def at_boundary(self, rollout: str) -> ExecutionId:
         """Dispatch, one delivered call ``c0``, the agent parks after it (``c1`` is next)."""
         execution = self.registry.dispatch(rollout, input_digest=rollout)
@@ -149,7 +156,7 @@ def test_crash_mid_generation_continues_from_the_exact_prefix(store: MemoryStore
     world = World(store, delivery)
     execution = world.at_boundary("r1")
     calls = Background()
-    calls.start("c1", lambda: world.model.generate(execution, "c1", PROMPT, max_tokens=MAX))
+    calls.start("c1", lambda: world.call(execution, "c1"))
     wait_for(generating(world.backend, 2))
     outcome = world.coordinator.checkpoint()
     report = world.model.stats()
@@ -187,7 +194,7 @@ def test_without_a_crash_the_cut_call_completes_after_resume(store: MemoryStore)
     world = World(store)
     execution = world.at_boundary("r1")
     calls = Background()
-    calls.start("c1", lambda: world.model.generate(execution, "c1", PROMPT, max_tokens=MAX))
+    calls.start("c1", lambda: world.call(execution, "c1"))
     wait_for(generating(world.backend, 2))
     world.coordinator.checkpoint()
     calls.join()
@@ -455,7 +462,7 @@ def _checkpoint_with_a_cut(
     world = World(store, model_cls=model_cls)
     execution = world.at_boundary("r1")
     calls = Background()
-    calls.start("c1", lambda: world.model.generate(execution, "c1", PROMPT, max_tokens=MAX))
+    calls.start("c1", lambda: world.call(execution, "c1"))
     wait_for(generating(world.backend, 2))
     outcome = world.coordinator.checkpoint()
     world.close()
@@ -513,7 +520,7 @@ def test_retire_during_a_generation_voids_the_late_delivery(store: MemoryStore) 
     world = World(store)
     execution = world.at_boundary("r1")
     calls = Background()
-    calls.start("c1", lambda: world.model.generate(execution, "c1", PROMPT, max_tokens=MAX))
+    calls.start("c1", lambda: world.call(execution, "c1"))
     wait_for(generating(world.backend, 2))
     world.coordinator.retire([execution])
     calls.join()
@@ -574,4 +581,69 @@ def test_reader_does_not_continue_a_cut_that_is_not_a_child_of_the_last_delivere
 
     cid, _ = _checkpoint_with_a_cut(store, _tampering(orphan))
     (item,) = load_checkpoint(store, cid).fresh
-    assert item.rollout_id == "r1" and "not a child of the last delivered call" in item.reason
+    assert item.rollout_id == "r1" and "'c1'" in item.reason  # the orphaned cut call is named
+
+
+class FailingCutSink(LyingSink):
+    """The token store cannot take cut prefixes (down, full...): every cut fails durably."""
+
+    def put(self, entry: TokenEntry) -> TokenPutReceipt:
+        if ".cut" in entry.call_id:
+            raise TransientStoreError("token store unavailable")
+        return self.inner.put(entry)
+
+
+def test_a_cut_that_cannot_be_staged_is_a_durable_failure_and_regenerates(store: MemoryStore) -> None:
+    tokens = ObjectStoreTokenStore(store)
+    backend = FakeGenerationBackend(seed=7, token_delay=DELAY)
+    agent = AgentParticipant("agent-0")
+    model = PolicyModelParticipant(FailingCutSink(tokens), "policy-0", backend=backend, token_source=tokens)
+    registry = LiveExecutionRegistry()
+    coordinator = Coordinator(store, [agent, model], registry, tokens)
+    execution = registry.dispatch("r1", input_digest="r1")
+    registry.start(execution)
+    agent.begin(execution)
+    agent.boundary(execution, AgentBoundaryRecord(rollout_id="r1", attempt=0, boundary_index=1, turn_index=1))
+    agent.start_turn(execution)
+    calls = Background()
+
+    def call() -> GenerationResult:
+        with agent.awaiting_model(execution, "c1"):
+            return model.generate(execution, "c1", PROMPT, max_tokens=MAX)
+
+    calls.start("c1", call)
+    wait_for(generating(backend))
+    outcome = coordinator.checkpoint()  # a failed cut never blocks the checkpoint
+    assert model.stats()["failed"] == 1 and model.stats()["cuts"] == 0
+    plan = load_checkpoint(store, outcome.checkpoint_id)
+    assert [p.rollout_id for p in plan.continued] == ["r1"]
+    extra = plan.readers[("model", "policy-0")].manifest.extra
+    assert extra["generation_cuts"]["dispositions"] == {"failed": 1}  # type: ignore[index,call-overload]
+    assert list(plan.readers[("model", "policy-0")].members(kind="model_lineage")) == []
+    calls.join()
+
+    fresh = World(store)
+    restored = fresh.coordinator.restore(outcome.checkpoint_id)
+    fresh.coordinator.resume(restored.restore_id)
+    nxt = execution.next_attempt()
+    assert fresh.agent.begin(nxt) is not None and fresh.model.pending_cuts(nxt) == {}
+    result = fresh.model.generate(nxt, "c1", PROMPT, max_tokens=MAX)  # regenerated from scratch
+    assert result.continued_from is None
+    assert result.token_ids == FakeGenerationBackend(seed=7).generate(PROMPT, MAX).token_ids
+
+
+def test_agenerate_serves_an_event_loop(store: MemoryStore) -> None:
+    import asyncio
+
+    model = PolicyModelParticipant(ObjectStoreTokenStore(store), backend=FakeGenerationBackend(seed=2))
+
+    async def two_calls() -> list[GenerationResult]:
+        return list(
+            await asyncio.gather(
+                model.agenerate(ex("r1"), "c1", PROMPT, max_tokens=6),
+                model.agenerate(ex("r2"), "c1", PROMPT, max_tokens=6),
+            )
+        )
+
+    first, second = asyncio.run(two_calls())
+    assert first.token_ids == second.token_ids == FakeGenerationBackend(seed=2).generate(PROMPT, 6).token_ids

@@ -124,7 +124,7 @@ def test_index_refs_name_cross_component_references() -> None:
     }
     assert boundary.index_revision() == 3
     assert snapshot.index_revision() == 4
-    assert lineage.index_refs() == {"parent": "c6", "token_key": None, "cut": None}
+    assert lineage.index_refs() == {"parent": "c6", "token_key": None}
     assert receipt.index_refs()["digest"] == "d"
 
 

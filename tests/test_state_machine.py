@@ -1,15 +1,15 @@
 """A hypothesis state machine over the whole protocol with the reference participants.
 
-Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary), finish,
-hand off (and consume), checkpoint, cut (a checkpoint while a policy call generates: the call is cut
-at a durable prefix, and a restore from it continues that prefix exactly), crash (drop every
-in-memory participant), restore, retire, forget; and park-while-waiting (a checkpoint while a run
-waits on its next model call) and finish-during-prepare (an episode ends while the agent stage
-prepares). Invariants after every step: participants are open whenever no checkpoint is running; a
-retired attempt is refused everywhere (also after a restore from a checkpoint that committed its
-tombstone, until the rollout is forgotten); every published checkpoint verifies; and in every
-checkpoint completed and continued rollouts are disjoint and, with fresh dispatches, cover exactly
-the dispatched ones.
+Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
+finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore,
+retire, forget; and issue 6's park-while-waiting (a checkpoint while a run waits on its next
+model call), finish-during-prepare (an episode ends while the agent stage prepares) and cut (a
+checkpoint while a policy call generates: the call is cut at a durable prefix, and a restore from
+it continues that prefix exactly). Invariants after every step: participants are open whenever no
+checkpoint is running; a retired attempt is refused everywhere (also after a restore from a
+checkpoint that committed its tombstone, until the rollout is forgotten); every published
+checkpoint verifies; and in every checkpoint completed and continued rollouts are disjoint and,
+with fresh dispatches, cover exactly the dispatched ones.
 """
 
 from __future__ import annotations
@@ -290,21 +290,22 @@ class ProtocolMachine(RuleBasedStateMachine):
         completes. With ``crash`` (or a later crash restoring this checkpoint) the restored next
         attempt re-issues the call and continues from the prefix (``_continue_cuts``)."""
         world = self.world
-        running = [
-            e for e in self._entries("running") if world.agent.latest_boundary(e.execution) is not None
-        ]
-        if not running:
+        execution = self._running_at_boundary(data)
+        if execution is None:
             return
-        execution = data.draw(st.sampled_from(running)).execution
         self.calls += 1
         call_id = f"c{self.calls}"
         prompt, max_tokens = [len(execution.rollout_id), self.calls], 12
         self.cut_calls[call_id] = (prompt, max_tokens)
         world.gated.hold_after(cut_at)
+        world.agent.start_turn(execution)
         out: list[GenerationResult] = []
-        thread = threading.Thread(
-            target=lambda: out.append(world.model.generate(execution, call_id, prompt, max_tokens=max_tokens))
-        )
+
+        def call() -> None:
+            with world.agent.awaiting_model(execution, call_id):
+                out.append(world.model.generate(execution, call_id, prompt, max_tokens=max_tokens))
+
+        thread = threading.Thread(target=call)
         thread.start()
         assert world.gated.blocked.wait(30)
         try:
@@ -326,16 +327,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         world = self.world
         for call_id, cut in world.model.pending_cuts(execution).items():
             prompt, max_tokens = self.cut_calls[call_id]
-            result = world.model.generate(execution, call_id, prompt, max_tokens=max_tokens)
+            world.agent.start_turn(execution)
+            with world.agent.awaiting_model(execution, call_id):
+                result = world.model.generate(execution, call_id, prompt, max_tokens=max_tokens)
             assert result.continued_from == cut and result.prefix_token_count == cut.prefix_token_count
             assert result.token_ids == FakeGenerationBackend(seed=1).generate(prompt, max_tokens).token_ids
             self._complete_turn(execution, call_id)
 
     def _complete_turn(self, execution: ExecutionId, call_id: str) -> None:
+        """The running turn whose model call ``call_id`` returned reaches its boundary."""
         world = self.world
         index = world.turns.get(execution.rollout_id, 0) + 1
         world.turns[execution.rollout_id] = index
-        world.agent.start_turn(execution)
         revision = world.resources.mutate(execution, SESSION, lambda s: {"n": s["n"] + 1})
         world.agent.boundary(
             execution,

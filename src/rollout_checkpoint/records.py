@@ -212,11 +212,10 @@ class ModelCallLineageRecord(Record):
         return self.call_id
 
     def index_refs(self) -> dict[str, JsonValue] | None:
-        return {
-            "parent": self.parent_call_id,
-            "token_key": self.token_key,
-            "cut": self.cut.index_refs() if self.cut is not None else None,
-        }
+        refs: dict[str, JsonValue] = {"parent": self.parent_call_id, "token_key": self.token_key}
+        if self.cut is not None:  # absent (not null) for delivered calls: their refs stay as they were
+            refs["cut"] = self.cut.index_refs()
+        return refs
 
 
 class TokenStoreReceipt(Record):
