@@ -27,6 +27,7 @@ from pydantic import JsonValue
 
 from . import layout
 from ._cut_checks import cut_lineage_problem, cut_receipt_conflicts, verify_cut_tokens
+from ._reconcile import RESOURCE_KINDS, lineage_past_boundary, resources_disagree
 from .archive import ArchiveReader, MemberRef
 from .errors import (
     CheckpointError,
@@ -506,7 +507,7 @@ def _classify(
     lineage: dict[Execution, dict[str, dict[str, Any]]] = {}
     receipts: dict[Execution, dict[str, dict[str, Any]]] = {}
     for comp in summaries:
-        if comp.ref.role == "participant" and comp.kind in _RESOURCE_KINDS:
+        if comp.ref.role == "participant" and comp.kind in RESOURCE_KINDS:
             instances[comp.instance] = instances.get(comp.instance, 0) + 1
     for comp in summaries:
         if comp.ref.role != "participant":
@@ -608,7 +609,7 @@ def _dispose(
     if boundary is None:
         return "fresh_dispatch", "no agent boundary"
     refs = boundary[1]
-    mismatch = _resources_disagree(refs.get("resources"), resources.get(ex, {}), instances)
+    mismatch = resources_disagree(refs.get("resources"), resources.get(ex, {}), instances)
     if mismatch is not None:
         return "fresh_dispatch", mismatch
     calls = lineage.get(ex, {})
@@ -623,64 +624,16 @@ def _dispose(
         token_key = call_refs.get("token_key")
         if token_key is not None and token_key not in held:
             return "fresh_dispatch", f"no token receipt for call {call_id!r}"
-    past = _past_boundary(calls, model_call, refs.get("pending_model_call"))
+    cut_problem = cut_lineage_problem(calls)
+    if cut_problem is not None:
+        return "fresh_dispatch", cut_problem
+    past = lineage_past_boundary(calls, model_call)
     if past:
         return (
             "fresh_dispatch",
             f"model lineage runs past the boundary's last committed call {model_call!r}: {past}",
         )
-    cut_problem = cut_lineage_problem(calls)
-    if cut_problem is not None:
-        return "fresh_dispatch", cut_problem
     return "continue", "agent boundary, resources, lineage and token receipts agree"
-
-
-_RESOURCE_KINDS = frozenset({"resources", "environment"})
-
-
-def _resources_disagree(
-    wanted: Any, have: Mapping[str, Mapping[str, int]], instances: Mapping[str, int]
-) -> str | None:
-    """Why the revisions a boundary names (``{instance: {session: revision}}``) do not match the
-    resources components' snapshots of the same execution, or ``None`` when they all do."""
-    if not wanted:
-        return None
-    if not isinstance(wanted, dict):
-        return "agent boundary names resources in an unknown form"
-    for instance, sessions in sorted(wanted.items()):
-        count = instances.get(instance, 0)
-        if count == 0:
-            return f"resources instance {instance!r} is not in the checkpoint"
-        if count > 1:
-            return f"resources instance {instance!r} is ambiguous (a resources and an environment component)"
-        if not isinstance(sessions, dict):
-            return f"agent boundary names resources instance {instance!r} in an unknown form"
-        held = have.get(instance, {})
-        for session, revision in sorted(sessions.items()):
-            if held.get(session) != revision:
-                found = "missing" if session not in held else f"at revision {held[session]}"
-                return (
-                    f"resources session {session!r} of instance {instance!r}: boundary needs revision "
-                    f"{revision}, snapshot is {found}"
-                )
-    return None
-
-
-def _past_boundary(calls: Mapping[str, Mapping[str, Any]], last: Any, pending: Any) -> list[str]:
-    """Calls of the lineage after the boundary's last committed call ``last``.
-
-    The lineage must end at ``last``; the one exception is the call the agent was parked on
-    (``pending``, a cut or queued call whose parent is ``last``), which attempt N+1 re-issues.
-    """
-    committed: set[str] = set()
-    cursor = last
-    while isinstance(cursor, str) and cursor in calls and cursor not in committed:
-        committed.add(cursor)
-        cursor = calls[cursor].get("parent")
-    past = sorted(set(calls) - committed)
-    if past == [pending] and calls[pending].get("parent") == last:
-        return []
-    return past
 
 
 def verify_checkpoint(

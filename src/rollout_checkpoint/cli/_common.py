@@ -13,7 +13,7 @@ from rich.console import Console
 from ..errors import CheckpointError, StoreError
 from ..store import ObjectStore, open_store
 
-__all__ = ["EndpointOpt", "JsonOpt", "UrlArg", "console", "fail", "open_cli_store"]
+__all__ = ["EndpointOpt", "JsonOpt", "UrlArg", "console", "fail", "open_cli_store", "open_demo_store"]
 
 UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
 EndpointOpt = Annotated[
@@ -48,6 +48,14 @@ def open_cli_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
         path = os.path.expanduser(rest if sep else url)
         if not os.path.isdir(path):
             raise StoreError(f"{url}: no such directory", url=url)
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    if url.lower().startswith(("s3://", "s3a://")) and endpoint:
+        return open_store(url, endpoint_url=endpoint)
+    return open_store(url)
+
+
+def open_demo_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
+    """Open (creating a directory if needed) the store a demo writes to."""
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
     if url.lower().startswith(("s3://", "s3a://")) and endpoint:
         return open_store(url, endpoint_url=endpoint)
