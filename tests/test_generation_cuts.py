@@ -678,3 +678,17 @@ def test_a_frozen_call_whose_completion_cannot_be_staged_is_a_failure_not_a_bloc
     calls.join()
     assert isinstance(calls.errors["slow"], TransientStoreError)
     model.resume("ck-1", soon())
+
+
+def test_a_reissued_call_with_another_prompt_is_regenerated_not_continued(store: MemoryStore) -> None:
+    cid, execution = _checkpoint_with_a_cut(store)
+    fresh = World(store)
+    restored = fresh.coordinator.restore(cid)
+    fresh.coordinator.resume(restored.restore_id)
+    nxt = execution.next_attempt()
+    fresh.agent.begin(nxt)
+    other = [*PROMPT, 9]
+    result = fresh.model.generate(nxt, "c1", other, max_tokens=MAX)
+    assert result.continued_from is None and result.prefix_token_count == 0
+    assert result.token_ids == FakeGenerationBackend(seed=7).generate(other, MAX).token_ids
+    assert fresh.model.stats()["cuts_discarded"] == 1 and fresh.model.stats()["cuts_continued"] == 0

@@ -135,6 +135,11 @@ class PolicyModelParticipant(CutRounds):
             self._admit(execution, wait=wait)
             chain = self._claim(execution, call_id)
             pending = chain.pending.pop(call_id, None)
+            if pending is not None and pending.prompt not in (None, prompt):
+                # the same call id with another request: its prefix belongs to another
+                # generation, so it is regenerated from scratch rather than continued
+                self._stats["cuts_discarded"] += 1
+                pending = None
             ticket = Ticket(execution, call_id, version, bool(cuttable), chain, prompt, pending)
             self._tickets[ticket.key] = ticket
         try:
@@ -398,6 +403,7 @@ class PolicyModelParticipant(CutRounds):
                 "excluded": self._stats["excluded"],
                 "failed": self._stats["failed"],
                 "cuts_continued": self._stats["cuts_continued"],
+                "cuts_discarded": self._stats["cuts_discarded"],
                 "inflight": len(self._tickets) + len(self._inflight),
             }
         if self.backend is not None:
