@@ -692,3 +692,36 @@ def test_a_reissued_call_with_another_prompt_is_regenerated_not_continued(store:
     assert result.continued_from is None and result.prefix_token_count == 0
     assert result.token_ids == FakeGenerationBackend(seed=7).generate(other, MAX).token_ids
     assert fresh.model.stats()["cuts_discarded"] == 1 and fresh.model.stats()["cuts_continued"] == 0
+
+
+def test_worker_reports_merge_into_one_coverage_check(store: MemoryStore) -> None:
+    """Two worker processes of one model server (here two participants with worker ids): their
+    inventories merge and their reports are checked together; a silent worker fails the check."""
+    tokens = ObjectStoreTokenStore(store)
+    workers = [
+        PolicyModelParticipant(
+            tokens, "policy", backend=FakeGenerationBackend(seed=7, token_delay=DELAY), worker=f"w{i}"
+        )
+        for i in range(2)
+    ]
+    calls = Background()
+    for i, worker in enumerate(workers):
+        calls.start(f"w{i}", lambda w=worker, r=f"r{i}": w.generate(ex(r), "c1", PROMPT, max_tokens=MAX))
+    for worker in workers:
+        wait_for(generating(worker.backend))  # type: ignore[arg-type]
+    for worker in workers:
+        assert worker.prepare("ck-1", soon()).ready
+    frozen = [w.cut_report() for w in workers]
+    assert all(f is not None for f in frozen)
+    inventory = CutInventory.merge([f[0] for f in frozen if f is not None])
+    reports = [f[1] for f in frozen if f is not None]
+    acks = validate_cut_coverage(inventory, reports, deadline=soon(), now=time.time())
+    assert sorted(acks) == ["w0/r0/a0/c1", "w1/r1/a0/c1"]
+    assert {a.disposition for a in acks.values()} == {"cut"}
+    with pytest.raises(GenerationCutError) as info:
+        validate_cut_coverage(inventory, reports[:1], deadline=soon(), now=time.time())
+    assert info.value.details["problem"] == "missing_worker"
+    for worker in workers:
+        worker.resume("ck-1", soon())
+    calls.join()
+    assert calls.results["w0"].token_ids == calls.results["w1"].token_ids
