@@ -89,22 +89,24 @@ def test_staged_prefix_is_read_from_the_token_store() -> None:
 
 
 def test_cut_swaps_the_active_buffer_and_freezes_the_prefix() -> None:
-    backend = FakeGenerationBackend(seed=1, token_delay=0.002)
-    generation = backend.open(("r1", 0, "c1"), PROMPT, 60)
+    backend = FakeGenerationBackend(seed=1, token_delay=0.005)
+    generation = backend.open(("r1", 0, "c1"), PROMPT, 200)
     assert generation.cut() is None  # queued: nothing to freeze
     out: list[GenerationOutput] = []
     with backend.slot():
         worker = threading.Thread(target=lambda: out.append(generation.run()))
         worker.start()
-        time.sleep(0.03)
-        frozen = generation.cut()
+        deadline = time.monotonic() + 10
+        while backend.stats()["tokens_generated"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        frozen = generation.cut()  # about 1 s of generation is left
         worker.join(30)
-    assert frozen is not None and 0 < frozen.boundary < 60
+    assert frozen is not None and 5 <= frozen.boundary < 200
     assert frozen.digest == prefix_digest(frozen.token_ids)
     assert backend.frozen_buffer(frozen.buffer_id) == frozen
     full = out[0]
     assert full.token_ids[: frozen.boundary] == frozen.token_ids
-    assert full.token_ids == backend.generate(PROMPT, 60).token_ids
+    assert full.token_ids == FakeGenerationBackend(seed=1).generate(PROMPT, 200).token_ids
     assert generation.cut() is None  # finished: the output is the record
     assert backend.completed_calls() == [("r1", 0, "c1")]
 

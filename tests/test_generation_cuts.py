@@ -4,6 +4,7 @@ produces exactly the uninterrupted tokens. Every negative control is refused."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,10 +89,46 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def generating(backend: FakeGenerationBackend, n: int = 1) -> Callable[[], bool]:
-    return lambda: (
-        backend.stats()["generations_started"] >= n and backend.stats()["tokens_generated"] >= 5 * n
-    )
+HOLD = 20
+
+
+class GatedBackend(FakeGenerationBackend):
+    """Once armed, every generation stops after ``HOLD`` tokens until released, so a checkpoint
+    finds it mid-generation deterministically (each generation runs in a thread of its own)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate = threading.Event()
+        self._gate.set()
+        self._counts: dict[int, int] = {}
+        self._held = 0
+        self._waiters = threading.Condition()
+
+    def arm(self) -> None:
+        with self._waiters:
+            self._counts.clear()
+            self._held = 0
+            self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def wait_held(self, n: int = 1) -> None:
+        with self._waiters:
+            assert self._waiters.wait_for(lambda: self._held >= n, 10), "generations not held"
+
+    def _token(self, state: bytes) -> tuple[int, float]:
+        if not self._gate.is_set():
+            with self._waiters:
+                thread = threading.get_ident()
+                self._counts[thread] = self._counts.get(thread, 0) + 1
+                hold = self._counts[thread] > HOLD
+                if hold:
+                    self._held += 1
+                    self._waiters.notify_all()
+            if hold:
+                self._gate.wait(30)
+        return super()._token(state)
 
 
 class World:
@@ -105,7 +142,7 @@ class World:
         **backend: Any,
     ) -> None:
         self.tokens = ObjectStoreTokenStore(store)
-        self.backend = FakeGenerationBackend(seed=7, token_delay=DELAY, token_source=self.tokens, **backend)
+        self.backend = GatedBackend(seed=7, token_delay=DELAY, token_source=self.tokens, **backend)
         self.agent = AgentParticipant("agent-0")
         self.model = model_cls(
             self.tokens,
@@ -156,12 +193,14 @@ def test_crash_mid_generation_continues_from_the_exact_prefix(store: MemoryStore
     world = World(store, delivery)
     execution = world.at_boundary("r1")
     calls = Background()
+    world.backend.arm()
     calls.start("c1", lambda: world.call(execution, "c1"))
-    wait_for(generating(world.backend, 2))
+    world.backend.wait_held()
     outcome = world.coordinator.checkpoint()
     report = world.model.stats()
     assert report["cuts"] == 1, report
     # the crash: the in-flight response is lost with the process (its thread is abandoned)
+    world.backend.release()
     world.close()
 
     plan = load_checkpoint(store, outcome.checkpoint_id)
@@ -169,7 +208,7 @@ def test_crash_mid_generation_continues_from_the_exact_prefix(store: MemoryStore
     members = {m.key: m.refs for m in plan.readers[("model", "policy-0")].members(kind="model_lineage")}
     cut = members["c1"]["cut"]  # type: ignore[index]
     assert members["c1"]["parent"] == "c0" and cut["kind"] == "active_prefix"  # type: ignore[index]
-    assert 0 < cut["count"] < MAX
+    assert cut["count"] == HOLD
 
     fresh = World(store, delivery)
     restored = fresh.coordinator.restore(outcome.checkpoint_id)
@@ -194,9 +233,11 @@ def test_without_a_crash_the_cut_call_completes_after_resume(store: MemoryStore)
     world = World(store)
     execution = world.at_boundary("r1")
     calls = Background()
+    world.backend.arm()
     calls.start("c1", lambda: world.call(execution, "c1"))
-    wait_for(generating(world.backend, 2))
+    world.backend.wait_held()
     world.coordinator.checkpoint()
+    world.backend.release()
     calls.join()
     assert calls.results["c1"].token_ids == FakeGenerationBackend(seed=7).generate(PROMPT, MAX).token_ids
     assert world.model.stats()["cuts"] == 1
@@ -208,9 +249,10 @@ def test_response_is_held_until_resume_and_dispositions_cover_every_call(store: 
     world = World(store, concurrency=2)
     a, b, c = (world.at_boundary(r) for r in ("r1", "r2", "r3"))
     calls = Background()
+    world.backend.arm()
     calls.start("a", lambda: world.model.generate(a, "c1", PROMPT, max_tokens=MAX))
     calls.start("b", lambda: world.model.generate(b, "c1", PROMPT, max_tokens=MAX, cuttable=False))
-    wait_for(generating(world.backend, 5))  # 3 boundary calls + 2 running
+    world.backend.wait_held(2)  # both slots busy
     calls.start("c", lambda: world.model.generate(c, "c1", PROMPT, max_tokens=MAX))
     wait_for(lambda: world.model.stats()["inflight"] == 3)
     report = world.model.prepare("ck-1", soon())
@@ -224,8 +266,10 @@ def test_response_is_held_until_resume_and_dispositions_cover_every_call(store: 
         "r2": "excluded",
         "r3": "never_started",
     }
-    time.sleep(MAX * DELAY * 2)  # long enough for every generation to finish: responses are held
-    assert not calls.results and world.model.stats()["generations_started"] == 5
+    world.backend.release()
+    wait_for(lambda: len(world.backend.completed_calls()) == 5)  # 3 boundary calls + a and b
+    assert not calls.results  # finished, but the responses are held
+    assert world.model.stats()["generations_started"] == 5  # c never started
     world.model.commit("ck-1", store, soon())
     world.model.resume("ck-1", soon())
     calls.join()
@@ -299,7 +343,7 @@ class LyingSink:
         return receipt.model_copy(update={"digest": "0" * 64})
 
 
-class LyingBackend(FakeGenerationBackend):
+class LyingBackend(GatedBackend):
     """Reports a digest that does not describe the frozen tokens."""
 
     def _digest(self, tokens: Any) -> str:
@@ -310,18 +354,20 @@ class LyingBackend(FakeGenerationBackend):
 def test_prepare_fails_when_a_cut_receipt_or_digest_disagrees(store: MemoryStore, liar: str) -> None:
     tokens = ObjectStoreTokenStore(store)
     if liar == "sink":
-        backend = FakeGenerationBackend(seed=7, token_delay=DELAY)
+        backend: GatedBackend = GatedBackend(seed=7, token_delay=DELAY)
         model = PolicyModelParticipant(LyingSink(tokens), backend=backend, token_source=tokens)
     else:
         backend = LyingBackend(seed=7, token_delay=DELAY)
         model = PolicyModelParticipant(tokens, backend=backend)
     calls = Background()
+    backend.arm()
     calls.start("c1", lambda: model.generate(ex(), "c1", PROMPT, max_tokens=MAX))
-    wait_for(generating(backend))
+    backend.wait_held()
     with pytest.raises(GenerationCutError) as info:
         model.prepare("ck-1", soon())
     assert info.value.details["problem"] == ("receipt_mismatch" if liar == "sink" else "digest_mismatch")
     assert model.accepting and model.phase.value == "idle"  # the failed prepare reopened admission
+    backend.release()
     calls.join()
     assert "c1" in calls.results  # the call itself was never harmed
 
@@ -334,16 +380,18 @@ def test_prepare_is_not_ready_when_its_deadline_expires_before_the_cut(store: Me
             return self.inner.put(entry)
 
     tokens = ObjectStoreTokenStore(store)
-    backend = FakeGenerationBackend(seed=7, token_delay=DELAY)
+    backend = GatedBackend(seed=7, token_delay=DELAY)
     model = PolicyModelParticipant(SlowSink(tokens), backend=backend, token_source=tokens)
     calls = Background()
+    backend.arm()
     calls.start("c1", lambda: model.generate(ex(), "c1", PROMPT, max_tokens=MAX))
-    wait_for(generating(backend))
+    backend.wait_held()
     report = model.prepare("ck-1", soon(0.05))
     assert not report.ready and report.blockers == ("cut w0/r1/a0/c1",)
     assert not model.accepting  # not ready is an answer: admission stays closed until resume
     assert model.prepare("ck-1", soon()).ready  # a retry with a later deadline may wait for it
     model.resume("ck-1", soon())
+    backend.release()
     calls.join()
     assert "c1" in calls.results
 
@@ -462,9 +510,12 @@ def _checkpoint_with_a_cut(
     world = World(store, model_cls=model_cls)
     execution = world.at_boundary("r1")
     calls = Background()
+    world.backend.arm()
     calls.start("c1", lambda: world.call(execution, "c1"))
-    wait_for(generating(world.backend, 2))
+    world.backend.wait_held()
     outcome = world.coordinator.checkpoint()
+    world.backend.release()
+    calls.join()
     world.close()
     return outcome.checkpoint_id, execution
 
@@ -520,9 +571,11 @@ def test_retire_during_a_generation_voids_the_late_delivery(store: MemoryStore) 
     world = World(store)
     execution = world.at_boundary("r1")
     calls = Background()
+    world.backend.arm()
     calls.start("c1", lambda: world.call(execution, "c1"))
-    wait_for(generating(world.backend, 2))
+    world.backend.wait_held()
     world.coordinator.retire([execution])
+    world.backend.release()
     calls.join()
     assert isinstance(calls.errors["c1"], StaleAttemptError)
     assert world.model.lineage(execution) == [] and world.model.stats()["inflight"] == 0
@@ -595,7 +648,7 @@ class FailingCutSink(LyingSink):
 
 def test_a_cut_that_cannot_be_staged_is_a_durable_failure_and_regenerates(store: MemoryStore) -> None:
     tokens = ObjectStoreTokenStore(store)
-    backend = FakeGenerationBackend(seed=7, token_delay=DELAY)
+    backend = GatedBackend(seed=7, token_delay=DELAY)
     agent = AgentParticipant("agent-0")
     model = PolicyModelParticipant(FailingCutSink(tokens), "policy-0", backend=backend, token_source=tokens)
     registry = LiveExecutionRegistry()
@@ -611,9 +664,11 @@ def test_a_cut_that_cannot_be_staged_is_a_durable_failure_and_regenerates(store:
         with agent.awaiting_model(execution, "c1"):
             return model.generate(execution, "c1", PROMPT, max_tokens=MAX)
 
+    backend.arm()
     calls.start("c1", call)
-    wait_for(generating(backend))
+    backend.wait_held()
     outcome = coordinator.checkpoint()  # a failed cut never blocks the checkpoint
+    backend.release()
     assert model.stats()["failed"] == 1 and model.stats()["cuts"] == 0
     plan = load_checkpoint(store, outcome.checkpoint_id)
     assert [p.rollout_id for p in plan.continued] == ["r1"]
@@ -700,15 +755,18 @@ def test_worker_reports_merge_into_one_coverage_check(store: MemoryStore) -> Non
     tokens = ObjectStoreTokenStore(store)
     workers = [
         PolicyModelParticipant(
-            tokens, "policy", backend=FakeGenerationBackend(seed=7, token_delay=DELAY), worker=f"w{i}"
+            tokens, "policy", backend=GatedBackend(seed=7, token_delay=DELAY), worker=f"w{i}"
         )
         for i in range(2)
     ]
+    gates = [w.backend for w in workers if isinstance(w.backend, GatedBackend)]
+    for gate in gates:
+        gate.arm()
     calls = Background()
     for i, worker in enumerate(workers):
-        calls.start(f"w{i}", lambda w=worker, r=f"r{i}": w.generate(ex(r), "c1", PROMPT, max_tokens=MAX))
-    for worker in workers:
-        wait_for(generating(worker.backend))  # type: ignore[arg-type]
+        calls.start(f"w{i}", functools.partial(worker.generate, ex(f"r{i}"), "c1", PROMPT, max_tokens=MAX))
+    for gate in gates:
+        gate.wait_held()
     for worker in workers:
         assert worker.prepare("ck-1", soon()).ready
     frozen = [w.cut_report() for w in workers]
@@ -723,5 +781,7 @@ def test_worker_reports_merge_into_one_coverage_check(store: MemoryStore) -> Non
     assert info.value.details["problem"] == "missing_worker"
     for worker in workers:
         worker.resume("ck-1", soon())
+    for gate in gates:
+        gate.release()
     calls.join()
     assert calls.results["w0"].token_ids == calls.results["w1"].token_ids
