@@ -785,3 +785,23 @@ def test_worker_reports_merge_into_one_coverage_check(store: MemoryStore) -> Non
         gate.release()
     calls.join()
     assert calls.results["w0"].token_ids == calls.results["w1"].token_ids
+
+
+def test_a_restored_cut_survives_a_second_crash_before_it_is_reissued(store: MemoryStore) -> None:
+    cid, execution = _checkpoint_with_a_cut(store)
+    second = World(store)
+    restored = second.coordinator.restore(cid)
+    second.coordinator.resume(restored.restore_id)
+    assert second.agent.begin(execution.next_attempt()) is not None
+    again = second.coordinator.checkpoint()  # the cut is not re-issued yet: it is committed again
+    second.close()
+
+    third = World(store)
+    restored = third.coordinator.restore(again.checkpoint_id)
+    third.coordinator.resume(restored.restore_id)
+    nxt = execution.next_attempt().next_attempt()
+    assert third.agent.begin(nxt) is not None
+    assert list(third.model.pending_cuts(nxt)) == ["c1"]
+    result = third.model.generate(nxt, "c1", PROMPT, max_tokens=MAX)
+    assert result.prefix_token_count == HOLD and result.lineage.parent_call_id == "c0"
+    assert result.token_ids == FakeGenerationBackend(seed=7).generate(PROMPT, MAX).token_ids
