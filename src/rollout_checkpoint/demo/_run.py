@@ -60,16 +60,28 @@ class DemoReport:
     pause_ms: float = 0.0
     errors: list[str] = field(default_factory=list)
 
+    def failures(self) -> list[str]:
+        """Why this is not a correct run (empty when it is)."""
+        out = [f"error: {e}" for e in self.errors]
+        if self.completed != self.rollouts:
+            out.append(f"only {self.completed} of {self.rollouts} rollouts completed")
+        if self.lost_results:
+            out.append(f"{self.lost_results} results lost")
+        if self.repeated_model_calls or self.repeated_tool_calls:
+            out.append(
+                f"repeated completed operations: {self.repeated_model_calls} model, "
+                f"{self.repeated_tool_calls} tool calls"
+            )
+        if not self.generation_cuts_continued:
+            out.append("no generation was continued from a cut (was one in flight? try more --turns)")
+        if not self.matches_uninterrupted:
+            which = ", ".join(self.mismatched) or "missing results"
+            out.append(f"differs from the uninterrupted run: {which}")
+        return out
+
     @property
     def ok(self) -> bool:
-        return (
-            self.completed == self.rollouts
-            and self.lost_results == 0
-            and self.repeated_model_calls == 0
-            and self.repeated_tool_calls == 0
-            and self.matches_uninterrupted
-            and not self.errors
-        )
+        return not self.failures()
 
     def to_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"ok": self.ok}
