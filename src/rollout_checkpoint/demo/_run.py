@@ -120,6 +120,12 @@ def _join(threads: list[threading.Thread], timeout: float) -> None:
         thread.join(max(0.0, end - time.monotonic()))
 
 
+def _cuts(world: DemoWorld) -> int:
+    """Calls cut at a durable prefix so far: active prefixes and held completions."""
+    stats = world.model.stats()
+    return int(stats.get("cuts", 0)) + int(stats.get("completed", 0))
+
+
 def _wait_for(ledger: Ledger, model_calls: int, exported: set[str], timeout: float) -> None:
     """Until ``model_calls`` results were consumed and a rollout of an exported environment is
     waiting on a generation (or every rollout finished, or ``timeout``)."""
@@ -182,7 +188,7 @@ def run_demo(
     report.checkpoints_published += 1
     report.checkpoint_ids.append(outcome.checkpoint_id)
     pauses = [outcome.pause_seconds]
-    cuts = first.model.stats().get("cuts", 0)
+    cuts = _cuts(first)
     say(
         f"2. published {outcome.checkpoint_id} with generations in flight "
         f"(paused {outcome.pause_seconds * 1000:.1f} ms, {cuts} generation cuts); the run goes on"
@@ -199,7 +205,7 @@ def run_demo(
     pauses.append(resumed - started)
     report.checkpoints_published += 1
     report.checkpoint_ids.append(crash_id)
-    report.generation_cuts = first.model.stats().get("cuts", 0)
+    report.generation_cuts = _cuts(first)
     first.crash(crash_id if crashed else None)
     _join(threads, timeout)
     report.completed_before_crash = len(before.results)
