@@ -647,3 +647,81 @@ def test_agenerate_serves_an_event_loop(store: MemoryStore) -> None:
 
     first, second = asyncio.run(two_calls())
     assert first.token_ids == second.token_ids == FakeGenerationBackend(seed=2).generate(PROMPT, 6).token_ids
+
+
+def test_a_frozen_call_whose_completion_cannot_be_staged_is_a_failure_not_a_blocker(
+    store: MemoryStore,
+) -> None:
+    class FailingGate(GatedSink):
+        def put(self, entry: TokenEntry) -> TokenPutReceipt:
+            if entry.call_id == "slow":
+                self.waiting.set()
+                self.gate.wait(30)
+                raise TransientStoreError("token store unavailable")
+            return self.inner.put(entry)
+
+    tokens = ObjectStoreTokenStore(store)
+    sink = FailingGate(tokens)
+    model = PolicyModelParticipant(sink, backend=FakeGenerationBackend(seed=7), token_source=tokens)
+    calls = Background()
+    calls.start("slow", lambda: model.generate(ex(), "slow", PROMPT, max_tokens=12))
+    sink.waiting.wait(10)
+    done: list[Any] = []
+    waiter = threading.Thread(target=lambda: done.append(model.prepare("ck-1", soon())))
+    waiter.start()
+    wait_for(lambda: model.cut_report() is not None)
+    sink.gate.set()
+    waiter.join(30)
+    assert done[0].ready  # the failure is the call's disposition: prepare does not wait for it
+    _, acks = model.cut_report() or (None, None)
+    assert acks is not None and [a.disposition for a in acks.acknowledgements] == ["failed"]
+    calls.join()
+    assert isinstance(calls.errors["slow"], TransientStoreError)
+    model.resume("ck-1", soon())
+
+
+def test_a_reissued_call_with_another_prompt_is_regenerated_not_continued(store: MemoryStore) -> None:
+    cid, execution = _checkpoint_with_a_cut(store)
+    fresh = World(store)
+    restored = fresh.coordinator.restore(cid)
+    fresh.coordinator.resume(restored.restore_id)
+    nxt = execution.next_attempt()
+    fresh.agent.begin(nxt)
+    other = [*PROMPT, 9]
+    result = fresh.model.generate(nxt, "c1", other, max_tokens=MAX)
+    assert result.continued_from is None and result.prefix_token_count == 0
+    assert result.token_ids == FakeGenerationBackend(seed=7).generate(other, MAX).token_ids
+    assert fresh.model.stats()["cuts_discarded"] == 1 and fresh.model.stats()["cuts_continued"] == 0
+
+
+def test_worker_reports_merge_into_one_coverage_check(store: MemoryStore) -> None:
+    """Two worker processes of one model server (here two participants with worker ids): their
+    inventories merge and their reports are checked together; a silent worker fails the check."""
+    tokens = ObjectStoreTokenStore(store)
+    workers = [
+        PolicyModelParticipant(
+            tokens, "policy", backend=FakeGenerationBackend(seed=7, token_delay=DELAY), worker=f"w{i}"
+        )
+        for i in range(2)
+    ]
+    calls = Background()
+    for i, worker in enumerate(workers):
+        calls.start(f"w{i}", lambda w=worker, r=f"r{i}": w.generate(ex(r), "c1", PROMPT, max_tokens=MAX))
+    for worker in workers:
+        wait_for(generating(worker.backend))  # type: ignore[arg-type]
+    for worker in workers:
+        assert worker.prepare("ck-1", soon()).ready
+    frozen = [w.cut_report() for w in workers]
+    assert all(f is not None for f in frozen)
+    inventory = CutInventory.merge([f[0] for f in frozen if f is not None])
+    reports = [f[1] for f in frozen if f is not None]
+    acks = validate_cut_coverage(inventory, reports, deadline=soon(), now=time.time())
+    assert sorted(acks) == ["w0/r0/a0/c1", "w1/r1/a0/c1"]
+    assert {a.disposition for a in acks.values()} == {"cut"}
+    with pytest.raises(GenerationCutError) as info:
+        validate_cut_coverage(inventory, reports[:1], deadline=soon(), now=time.time())
+    assert info.value.details["problem"] == "missing_worker"
+    for worker in workers:
+        worker.resume("ck-1", soon())
+    calls.join()
+    assert calls.results["w0"].token_ids == calls.results["w1"].token_ids

@@ -20,7 +20,7 @@ wants fewer, larger shards wraps the store in :class:`BatchingTokenSink`, whose 
 returns only once its batch is durable (group commit).
 
 :func:`prefix_digest` is the canonical digest of a token-id sequence that generation cuts carry
-(``docs/format.md``, "Generation cuts").
+(``docs/format.md``, "Model lineage and generation cuts").
 """
 
 from __future__ import annotations

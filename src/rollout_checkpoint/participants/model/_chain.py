@@ -30,6 +30,7 @@ class PendingCut:
     cut: GenerationCut
     receipt: TokenPutReceipt
     prefix: InlinePrefix | StagedPrefix
+    prompt: tuple[int, ...] | None = None  # the cut call's prompt, when read from the token store
 
 
 @dataclass
@@ -165,6 +166,7 @@ def _pending(
     if (receipt.digest, receipt.length) != (cut.receipt_digest, cut.receipt_length):
         raise InvalidRecordError(f"{where}: its receipt coordinates disagree with the token receipt")
     prefix: InlinePrefix | StagedPrefix
+    prompt: tuple[int, ...] | None = None
     if token_source is None:
         if delivery == "inline":
             raise InvalidRecordError(
@@ -179,10 +181,11 @@ def _pending(
                 f"{where}: prefix unreadable from the token store: {exc.message}"
             ) from exc
         check_cut_evidence(cut, entry, where)
+        prompt = tuple(entry.prompt_token_ids)
         if delivery == "inline":
             prefix = InlinePrefix(
                 tuple(entry.generation_token_ids), tuple(entry.generation_log_probs), cut.prefix_digest
             )
         else:
             prefix = StagedPrefix(cut.receipt_key, cut.prefix_token_count, cut.prefix_digest)
-    return PendingCut(lineage.call_id, lineage.policy_version, cut, receipt, prefix)
+    return PendingCut(lineage.call_id, lineage.policy_version, cut, receipt, prefix, prompt)

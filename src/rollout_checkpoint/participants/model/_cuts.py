@@ -116,9 +116,11 @@ class CutAcknowledgement(_Model):
     call_id: Identifier
     disposition: CutDisposition
     cut_kind: Literal["active_prefix", "terminal_completion"] | None = None
-    frozen_buffer_id: str | None = Field(default=None, min_length=1, max_length=256)
+    frozen_buffer_id: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+    )
     prefix_token_count: int | None = Field(default=None, ge=0)
-    prefix_digest: str | None = None
+    prefix_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     policy_version: str | None = Field(default=None, min_length=1, max_length=256)
     receipt: TokenPutReceipt | None = None
     reason: str | None = None

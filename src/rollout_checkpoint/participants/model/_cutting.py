@@ -180,6 +180,12 @@ class CutRounds(Participant):
             acknowledged_at=self._clock(),
         )
 
+    def _fail_in_round(self, ticket: Ticket, reason: str) -> None:
+        """Lock held: ``ticket`` ends without a durable result; if frozen, that is its disposition."""
+        round_ = self._round
+        if round_ is not None:
+            self._record(round_, self._plain_ack(ticket, "failed", reason, round_))
+
     def _record(self, round_: CutRound, ack: CutAcknowledgement) -> None:
         """Lock held: the first acknowledgement of a ticket in a still-running round wins."""
         tid = ack.ticket_id

@@ -135,13 +135,20 @@ class PolicyModelParticipant(CutRounds):
             self._admit(execution, wait=wait)
             chain = self._claim(execution, call_id)
             pending = chain.pending.pop(call_id, None)
+            if pending is not None and pending.prompt not in (None, prompt):
+                # the same call id with another request: its prefix belongs to another
+                # generation, so it is regenerated from scratch rather than continued
+                self._stats["cuts_discarded"] += 1
+                pending = None
             ticket = Ticket(execution, call_id, version, bool(cuttable), chain, prompt, pending)
             self._tickets[ticket.key] = ticket
         try:
             return self._serve(backend, ticket, max_tokens)
-        except BaseException:
+        except BaseException as exc:
             with self._cond:
                 if self._tickets.get(ticket.key) is ticket:
+                    # a frozen call that ends without a durable result still gets its disposition
+                    self._fail_in_round(ticket, f"the call failed: {type(exc).__name__}")
                     self._drop_ticket(ticket)
             raise
 
@@ -396,6 +403,7 @@ class PolicyModelParticipant(CutRounds):
                 "excluded": self._stats["excluded"],
                 "failed": self._stats["failed"],
                 "cuts_continued": self._stats["cuts_continued"],
+                "cuts_discarded": self._stats["cuts_discarded"],
                 "inflight": len(self._tickets) + len(self._inflight),
             }
         if self.backend is not None:
