@@ -74,8 +74,8 @@ def demo_command(
             "pause_ms",
         ):
             console.print(f"  {key:<26} {summary[key]}")
-        for error in report.errors:
-            console.print(f"[red]error[/]: {error}")
+        for failure in report.failures():
+            console.print(f"[red]not a correct run[/]: {failure}")
     if not report.ok:
         raise typer.Exit(1)
 

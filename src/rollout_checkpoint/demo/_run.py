@@ -60,16 +60,28 @@ class DemoReport:
     pause_ms: float = 0.0
     errors: list[str] = field(default_factory=list)
 
+    def failures(self) -> list[str]:
+        """Why this is not a correct run (empty when it is)."""
+        out = [f"error: {e}" for e in self.errors]
+        if self.completed != self.rollouts:
+            out.append(f"only {self.completed} of {self.rollouts} rollouts completed")
+        if self.lost_results:
+            out.append(f"{self.lost_results} results lost")
+        if self.repeated_model_calls or self.repeated_tool_calls:
+            out.append(
+                f"repeated completed operations: {self.repeated_model_calls} model, "
+                f"{self.repeated_tool_calls} tool calls"
+            )
+        if not self.generation_cuts_continued:
+            out.append("no generation was continued from a cut (was one in flight? try more --turns)")
+        if not self.matches_uninterrupted:
+            which = ", ".join(self.mismatched) or "missing results"
+            out.append(f"differs from the uninterrupted run: {which}")
+        return out
+
     @property
     def ok(self) -> bool:
-        return (
-            self.completed == self.rollouts
-            and self.lost_results == 0
-            and self.repeated_model_calls == 0
-            and self.repeated_tool_calls == 0
-            and self.matches_uninterrupted
-            and not self.errors
-        )
+        return not self.failures()
 
     def to_json(self) -> dict[str, JsonValue]:
         out: dict[str, JsonValue] = {"ok": self.ok}
@@ -106,6 +118,12 @@ def _join(threads: list[threading.Thread], timeout: float) -> None:
     end = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.0, end - time.monotonic()))
+
+
+def _cuts(world: DemoWorld) -> int:
+    """Calls cut at a durable prefix so far: active prefixes and held completions."""
+    stats = world.model.stats()
+    return int(stats.get("cuts", 0)) + int(stats.get("completed", 0))
 
 
 def _wait_for(ledger: Ledger, model_calls: int, exported: set[str], timeout: float) -> None:
@@ -170,7 +188,7 @@ def run_demo(
     report.checkpoints_published += 1
     report.checkpoint_ids.append(outcome.checkpoint_id)
     pauses = [outcome.pause_seconds]
-    cuts = first.model.stats().get("cuts", 0)
+    cuts = _cuts(first)
     say(
         f"2. published {outcome.checkpoint_id} with generations in flight "
         f"(paused {outcome.pause_seconds * 1000:.1f} ms, {cuts} generation cuts); the run goes on"
@@ -187,7 +205,7 @@ def run_demo(
     pauses.append(resumed - started)
     report.checkpoints_published += 1
     report.checkpoint_ids.append(crash_id)
-    report.generation_cuts = first.model.stats().get("cuts", 0)
+    report.generation_cuts = _cuts(first)
     first.crash(crash_id if crashed else None)
     _join(threads, timeout)
     report.completed_before_crash = len(before.results)
