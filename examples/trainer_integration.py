@@ -74,7 +74,7 @@ def turn(dep: Deployment, execution: ExecutionId, index: int) -> None:
             boundary_index=index,
             turn_index=index,
             last_model_call_id=call_id,
-            resource_revisions={"env": revision},
+            resource_revisions={"resources-0": {"env": revision}},
         ),
     )
 

@@ -202,7 +202,9 @@ class Deployment:
                 boundary_index=1,
                 turn_index=1,
                 last_model_call_id=call,
-                resource_revisions={session: revision if boundary_revision is None else boundary_revision},
+                resource_revisions={
+                    "res-0": {session: revision if boundary_revision is None else boundary_revision}
+                },
                 agent_state=b"agent-state",
             )
         )

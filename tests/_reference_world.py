@@ -10,7 +10,12 @@ from rollout_checkpoint.control_plane import Participant
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
+from rollout_checkpoint.participants import (
+    AgentParticipant,
+    FakeGenerationBackend,
+    PolicyModelParticipant,
+    ResourcesParticipant,
+)
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import ObjectStore
@@ -20,10 +25,12 @@ from rollout_checkpoint.tokens import ObjectStoreTokenStore
 class RealWorld:
     """One process: the three reference participants, a registry, the reference token store."""
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, backend: FakeGenerationBackend | None = None) -> None:
         self.tokens = ObjectStoreTokenStore(store)
         self.agent = AgentParticipant("agent-0")
-        self.model = PolicyModelParticipant(self.tokens, "policy-0")
+        self.backend = backend or FakeGenerationBackend(seed=1)
+        self.backend.token_source = self.tokens
+        self.model = PolicyModelParticipant(self.tokens, "policy-0", backend=self.backend)
         self.resources = ResourcesParticipant("res-0", mode="exported")
         self.participants: list[Participant] = [self.agent, self.model, self.resources]
         self.registry = LiveExecutionRegistry()
@@ -45,7 +52,7 @@ class RealWorld:
                 boundary_index=index,
                 turn_index=index,
                 last_model_call_id=call_id,
-                resource_revisions={"s": revision},
+                resource_revisions={"res-0": {"s": revision}},
             ),
         )
 

@@ -71,7 +71,7 @@ def make_records(n: int, seed: int = 0, payload_bytes: int = 200) -> list[Record
                 boundary_index=i,
                 turn_index=i % 7,
                 last_model_call_id=f"call-{i}",
-                resource_revisions={"env": i},
+                resource_revisions={"res": {"env": i}},
                 output_items=[{"text": "x" * rng.randrange(50)}, i],
                 agent_state=blob,
             )
@@ -87,7 +87,15 @@ def make_records(n: int, seed: int = 0, payload_bytes: int = 200) -> list[Record
                 parent_call_id=f"call-{i - 1}" if i else None,
                 policy_version="v1",
                 token_key=f"tok/{i}",
-                cut=GenerationCut(cut_kind="active_prefix", prefix_token_count=i, prefix_digest="d"),
+                cut=GenerationCut(
+                    cut_kind="active_prefix",
+                    frozen_buffer_id=f"gen{i}.b0",
+                    prefix_token_count=i,
+                    prefix_digest="d" * 64,
+                    receipt_key=f"tok/{i}",
+                    receipt_digest="e" * 64,
+                    receipt_length=i,
+                ),
             )
         elif kind == 3:
             rec = TokenStoreReceipt(

@@ -42,7 +42,9 @@ records = st.one_of(
         boundary_index=st.integers(0, 10**6),
         turn_index=st.integers(0, 1000),
         last_model_call_id=st.none() | ids,
-        resource_revisions=st.dictionaries(ids, st.integers(0, 1000), max_size=3),
+        resource_revisions=st.dictionaries(
+            ids, st.dictionaries(ids, st.integers(0, 1000), max_size=3), max_size=2
+        ),
         output_items=st.lists(json_values, max_size=3),
         usage=st.dictionaries(st.text(max_size=8), st.integers(0, 10**6), max_size=3),
         agent_state=st.none() | blobs,
@@ -64,12 +66,23 @@ records = st.one_of(
         parent_call_id=st.none() | ids,
         policy_version=st.text(min_size=1, max_size=12),
         token_key=st.none() | st.text(max_size=30),
-        cut=st.none()
-        | st.builds(
+    ),
+    st.builds(
+        lambda r, a, c, cut: ModelCallLineageRecord(
+            rollout_id=r, attempt=a, call_id=c, policy_version="v1", token_key=cut.receipt_key, cut=cut
+        ),
+        ids,
+        attempts,
+        ids,
+        st.builds(
             GenerationCut,
             cut_kind=st.sampled_from(["active_prefix", "terminal_completion"]),
+            frozen_buffer_id=ids,
             prefix_token_count=st.integers(0, 10**5),
-            prefix_digest=st.text(min_size=1, max_size=16),
+            prefix_digest=st.text("0123456789abcdef", min_size=64, max_size=64),
+            receipt_key=st.text(min_size=1, max_size=30),
+            receipt_digest=st.text("0123456789abcdef", min_size=64, max_size=64),
+            receipt_length=st.integers(0, 10**6),
         ),
     ),
     st.builds(

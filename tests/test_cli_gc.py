@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rollout_checkpoint.cli import app
+from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.manifests import read_latest
 from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import verify_checkpoint
@@ -15,9 +16,12 @@ from rollout_checkpoint.store import LocalStore
 
 
 def _demo(root: Path, times: int) -> None:
+    """``times`` published checkpoints of the populated demo deployment."""
     for _ in range(times):
-        result = CliRunner().invoke(app, ["demo", str(root), "--rollouts", "6"])
-        assert result.exit_code == 0, result.output
+        deployment = DemoDeployment(LocalStore(root))
+        deployment.populate(6)
+        assert deployment.checkpoint().clean
+        deployment.close()
 
 
 def test_gc_keeps_newest_and_latest_and_deletes_the_rest(tmp_path: Path) -> None:

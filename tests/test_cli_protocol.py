@@ -1,4 +1,5 @@
-"""``rollout-checkpoint list``, ``classify``, ``demo`` and the published-checkpoint verifier."""
+"""``rollout-checkpoint list``, ``classify`` and the published-checkpoint verifier (the ``demo``
+command itself is tested in ``test_demo.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 from _protocol_fakes import Deployment
 from rollout_checkpoint import layout
 from rollout_checkpoint.cli import app
+from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.recovery import load_checkpoint
 from rollout_checkpoint.store import LocalStore
 from rollout_checkpoint.store._counting import CountingStore
@@ -22,13 +24,14 @@ def _json(output: str) -> dict[str, object]:
     return loaded
 
 
-def test_demo_then_list_classify_verify(tmp_path: Path) -> None:
+def test_populated_deployment_then_list_classify_verify(tmp_path: Path) -> None:
     target = tmp_path / "demo"
-    result = runner.invoke(app, ["demo", str(target), "--rollouts", "30", "--json"])
-    assert result.exit_code == 0, result.output
-    demo = _json(result.stdout)
+    deployment = DemoDeployment(LocalStore(target))
+    deployment.populate(30)
+    outcome = deployment.checkpoint()
+    deployment.close()
+    demo = {"checkpoint_id": outcome.checkpoint_id, "counts": load_checkpoint(LocalStore(target)).counts()}
     assert demo["counts"] == {"completed": 6, "continue": 18, "fresh_dispatch": 6}
-    assert demo["continued_from_boundary"] == 18
 
     listed = runner.invoke(app, ["list", str(target), "--json"])
     assert listed.exit_code == 0, listed.output

@@ -462,7 +462,8 @@ def test_reference_participants_fence_restored_attempts_and_keep_tombstones_acro
     # the replacement continues where attempt 0 stopped, in every participant
     nxt = ex("cont", 1)
     boundary = second.agent.begin(nxt)
-    assert boundary is not None and boundary.boundary_index == 1 and boundary.resource_revisions == {"s": 1}
+    assert boundary is not None and boundary.boundary_index == 1
+    assert boundary.resource_revisions == {"res-0": {"s": 1}}
     assert second.resources.state(nxt, "s") == ({"n": 1}, 1)
     second.agent.start_turn(nxt)
     second.turn(nxt, "c2", 2)

@@ -73,7 +73,7 @@ def _samples() -> list:
             boundary_index=3,
             turn_index=2,
             last_model_call_id="c7",
-            resource_revisions={"s": 4},
+            resource_revisions={"env": {"s": 4}},
             output_items=[{"role": "assistant", "content": "hi"}],
             usage={"input_tokens": 5},
             agent_state=b"\x00\xffstate",
@@ -117,7 +117,11 @@ def test_records_cover_every_kind_and_refuse_garbage() -> None:
 
 def test_index_refs_name_cross_component_references() -> None:
     boundary, snapshot, lineage, receipt, *_ = _samples()
-    assert boundary.index_refs() == {"model_call": "c7", "resources": {"s": 4}}
+    assert boundary.index_refs() == {
+        "model_call": "c7",
+        "pending_model_call": None,
+        "resources": {"env": {"s": 4}},
+    }
     assert boundary.index_revision() == 3
     assert snapshot.index_revision() == 4
     assert lineage.index_refs() == {"parent": "c6", "token_key": None}

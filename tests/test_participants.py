@@ -291,7 +291,7 @@ def test_in_flight_mutation_blocks_prepare_and_terminal_sessions_are_not_exporte
     assert entered.wait(30)
     report = res.prepare("c1", soon(0.05))
     assert not report.ready and report.blockers == ("r1#0/s1",)
-    assert code_of(lambda: res.mutate(ex("r2"), "s1", lambda s: s)) == "admission_closed"
+    assert code_of(lambda: res.mutate(ex("r2"), "s1", lambda s: s, wait=0)) == "admission_closed"
     release.set()
     worker.join(30)
     res.end_session(ex("r1"), "s1")  # terminal during prepare: allowed while closed

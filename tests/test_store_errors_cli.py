@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rollout_checkpoint.cli import app
-from rollout_checkpoint.cli._demo import DemoDeployment
+from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import (
     CheckpointError,
     StorePermissionError,
@@ -203,5 +203,6 @@ def test_invalid_values_are_typed_errors() -> None:
     execution = ExecutionId(rollout_id="r1", attempt=0)
     with pytest.raises(CheckpointError) as info, model.call(execution, "c1", policy_version=7) as call:  # type: ignore[arg-type]
         call.stage(prompt_token_ids=[1], generation_token_ids=[2], generation_log_probs=[-0.1])
-    assert info.value.code == "invalid_record" and "[type=string_type" in info.value.message
+    # the model refuses the value when the call is admitted, before any token is staged
+    assert info.value.code == "invalid_argument" and "policy_version" in info.value.message
     model.close()

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rollout_checkpoint.cli import app
+from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore
@@ -16,8 +17,10 @@ from rollout_checkpoint.tokens import TokenSnapshotReceipt, verify_snapshot_data
 
 def _demo(tmp_path: Path) -> tuple[Path, LocalStore]:
     root = tmp_path / "ckpt"
-    result = CliRunner().invoke(app, ["demo", str(root), "--rollouts", "12"])
-    assert result.exit_code == 0, result.output
+    deployment = DemoDeployment(LocalStore(root))
+    deployment.populate(12)
+    assert deployment.checkpoint().clean
+    deployment.close()
     return root, LocalStore(root)
 
 

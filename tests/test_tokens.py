@@ -167,3 +167,56 @@ def test_in_memory_lineage_store() -> None:
         store.record(row.model_copy(update={"policy_version": "v2"}))
     store.drop(execution)
     assert store.lineage(execution) == []
+
+
+def test_batching_sink_groups_concurrent_puts_and_returns_only_durable_receipts(
+    memory_store: ObjectStore,
+) -> None:
+    import threading
+
+    from rollout_checkpoint.tokens import BatchingTokenSink
+
+    tokens = ObjectStoreTokenStore(memory_store)
+    sink = BatchingTokenSink(tokens, linger=0.02)
+    receipts: dict[str, object] = {}
+    durable: dict[str, bool] = {}
+
+    def put(i: int) -> None:
+        receipt = sink.put(entry(f"c{i}"))
+        receipts[f"c{i}"] = receipt
+        # durable when returned: a store instance that never saw the write reads it back
+        durable[f"c{i}"] = ObjectStoreTokenStore(memory_store).get(receipt.key) == entry(f"c{i}")
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(durable.values()) and len(durable) == 16
+    assert receipts["c3"] == entry("c3").receipt()
+    assert sink.batches < 16 and len(shards(memory_store)) == sink.batches
+
+
+def test_batching_sink_fails_only_the_caller_whose_entry_conflicts(memory_store: ObjectStore) -> None:
+    import threading
+
+    from rollout_checkpoint.tokens import BatchingTokenSink
+
+    tokens = ObjectStoreTokenStore(memory_store)
+    tokens.put(entry("taken", n=2))
+    sink = BatchingTokenSink(tokens, linger=0.02)
+    errors: dict[str, BaseException] = {}
+
+    def put(name: str, n: int) -> None:
+        try:
+            sink.put(entry(name, n=n))
+        except BaseException as exc:
+            errors[name] = exc
+
+    threads = [threading.Thread(target=put, args=(name, 3)) for name in ("taken", "free-1", "free-2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert set(errors) == {"taken"} and isinstance(errors["taken"], ObjectExistsError)
+    assert tokens.get(entry("free-1").key) == entry("free-1")

@@ -9,6 +9,8 @@ from typing import Any, Literal, cast
 
 from pydantic import JsonValue
 
+from ._cut_checks import cut_lineage_problem, cut_receipt_conflicts
+from ._reconcile import RESOURCE_KINDS, lineage_past_boundary, resources_disagree
 from .archive import ArchiveReader, MemberRef
 from .errors import CheckpointError, CheckpointRejectedError
 from .ids import ExecutionId
@@ -180,9 +182,13 @@ def classify(
 
     # -- participant members, grouped by execution ------------------------------------------------
     boundaries: dict[Execution, tuple[int, dict[str, Any]]] = {}
-    resources: dict[Execution, set[tuple[str, int]]] = {}
+    resources: dict[Execution, dict[str, dict[str, int]]] = {}  # instance -> session -> revision
+    instances: dict[str, int] = {}  # resources instance -> how many components carry that name
     lineage: dict[Execution, dict[str, dict[str, Any]]] = {}
     receipts: dict[Execution, dict[str, dict[str, Any]]] = {}
+    for comp in summaries:
+        if comp.ref.role == "participant" and comp.kind in RESOURCE_KINDS:
+            instances[comp.instance] = instances.get(comp.instance, 0) + 1
     for comp in summaries:
         if comp.ref.role != "participant":
             continue
@@ -195,7 +201,8 @@ def classify(
                 if best is None or rev > best[0]:
                     boundaries[ex] = (rev, refs)
             elif m.kind == "resource_snapshot":
-                resources.setdefault(ex, set()).add((m.key, m.revision if m.revision is not None else -1))
+                sessions = resources.setdefault(ex, {}).setdefault(comp.instance, {})
+                sessions[m.key] = m.revision if m.revision is not None else -1
             elif m.kind == "model_lineage":
                 lineage.setdefault(ex, {})[m.key] = refs
             elif m.kind == "token_receipt":
@@ -205,6 +212,11 @@ def classify(
     for ex, by_key in receipts.items():
         for key, refs in by_key.items():
             _check_receipt(cid, ex, key, refs, snapshot)
+    # -- every generation cut must agree with the receipt of its own key (else reject) ------------
+    for ex, by_call in lineage.items():
+        conflicts = cut_receipt_conflicts(by_call, receipts.get(ex, {}))
+        if conflicts:
+            raise reject(cid, f"{ex[0]}#{ex[1]}: {conflicts[0]}")
 
     # -- one disposition per dispatched execution -------------------------------------------------
     out: dict[str, RolloutPlan] = {}
@@ -220,6 +232,7 @@ def classify(
             tombstones,
             boundaries,
             resources,
+            instances,
             lineage,
             receipts,
         )
@@ -256,7 +269,8 @@ def _dispose(
     restarts: Mapping[Execution, str],
     tombstones: Mapping[str, int],
     boundaries: Mapping[Execution, tuple[int, dict[str, Any]]],
-    resources: Mapping[Execution, set[tuple[str, int]]],
+    resources: Mapping[Execution, Mapping[str, Mapping[str, int]]],
+    instances: Mapping[str, int],
     lineage: Mapping[Execution, dict[str, dict[str, Any]]],
     receipts: Mapping[Execution, dict[str, dict[str, Any]]],
 ) -> tuple[Disposition, str]:
@@ -275,15 +289,9 @@ def _dispose(
     if boundary is None:
         return "fresh_dispatch", "no agent boundary"
     refs = boundary[1]
-    have = resources.get(ex, set())
-    wanted = refs.get("resources") or {}
-    if isinstance(wanted, dict):
-        for session, revision in sorted(wanted.items()):
-            if (session, revision) not in have:
-                return (
-                    "fresh_dispatch",
-                    f"resources session {session!r} revision {revision} missing or different",
-                )
+    mismatch = resources_disagree(refs.get("resources"), resources.get(ex, {}), instances)
+    if mismatch is not None:
+        return "fresh_dispatch", mismatch
     calls = lineage.get(ex, {})
     model_call = refs.get("model_call")
     if model_call is not None and model_call not in calls:
@@ -296,4 +304,13 @@ def _dispose(
         token_key = call_refs.get("token_key")
         if token_key is not None and token_key not in held:
             return "fresh_dispatch", f"no token receipt for call {call_id!r}"
+    cut_problem = cut_lineage_problem(calls)
+    if cut_problem is not None:
+        return "fresh_dispatch", cut_problem
+    past = lineage_past_boundary(calls, model_call)
+    if past:
+        return (
+            "fresh_dispatch",
+            f"model lineage runs past the boundary's last committed call {model_call!r}: {past}",
+        )
     return "continue", "agent boundary, resources, lineage and token receipts agree"

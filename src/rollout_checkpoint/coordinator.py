@@ -74,6 +74,7 @@ __all__ = [
     "CheckpointOutcome",
     "Coordinator",
     "FaultHook",
+    "MissingParticipantError",
     "RestoreFailedError",
     "RestoreOutcome",
     "TokenSnapshotSource",
@@ -112,6 +113,13 @@ class RestoreFailedError(CheckpointError):
     """A participant refused the restore: new attempts were retired everywhere and resumed."""
 
     code = "restore_failed"
+
+
+class MissingParticipantError(CheckpointError):
+    """The checkpoint lists a participant this coordinator does not have: restoring (or resuming)
+    without it would continue rollouts on state that was never restored. Nothing was touched."""
+
+    code = "missing_participant"
 
 
 class TokenSnapshotSource(Protocol):
@@ -243,6 +251,7 @@ class Coordinator:
         self._cycle = threading.Lock()
         self._cancel = threading.Event()
         self._last_sequence = 0
+        self._refused: dict[str, tuple[str, list[str]]] = {}  # restore id -> (source, lacking)
 
     # -- the checkpoint cycle -------------------------------------------------------------------
     def checkpoint(
@@ -565,6 +574,11 @@ class Coordinator:
                 token_snapshot_loader=self.token_snapshot_loader,
             )
             rid = validate_id(restore_id or new_checkpoint_id("restore"), "restore_id")
+            listed = sorted(f"{c.kind}/{c.instance}" for c in plan.participant_components())
+            missing = [name for name in listed if name not in self._names]
+            if missing:
+                self._refused[rid] = (plan.checkpoint_id, missing)
+                raise self._missing(rid, plan.checkpoint_id, missing)
             entries, retired = plan.registry_entries()
             if self.registry.frozen_by is not None:
                 raise InvalidPhaseError(f"restore: checkpoint {self.registry.frozen_by} holds the registry")
@@ -633,8 +647,25 @@ class Coordinator:
         for error in self._resume_all(rid, list(touched), cleanup, hook=False):
             log.warning("restore %s: %s", rid, error)
 
+    def _missing(self, rid: str, source: str, missing: Sequence[str]) -> MissingParticipantError:
+        return MissingParticipantError(
+            f"restore {rid} of {source} refused: the checkpoint lists participant(s) "
+            f"{', '.join(missing)}, which this coordinator does not have; nothing was restored "
+            "or resumed",
+            restore_id=rid,
+            checkpoint_id=source,
+            missing=list(missing),
+        )
+
     def resume(self, checkpoint_id: str, *, deadline_s: float = 30.0) -> list[ResumeReply]:
-        """Resume every participant (reverse prepare order): ends a restore's pause."""
+        """Resume every participant (reverse prepare order): ends a restore's pause.
+
+        A restore refused for a missing participant cannot be resumed either
+        (:class:`MissingParticipantError`): nothing of it may run.
+        """
+        refused = self._refused.get(checkpoint_id)
+        if refused is not None:
+            raise self._missing(checkpoint_id, *refused)
         deadline = self.clock() + deadline_s
         replies: list[ResumeReply] = []
         for name, participant in reversed(self._ordered()):

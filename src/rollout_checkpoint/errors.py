@@ -17,8 +17,10 @@ __all__ = [
     "CheckpointRejectedError",
     "ConditionalWriteUnsupportedError",
     "DeadlineExceededError",
+    "GenerationCutError",
     "IdentityConflictError",
     "IntegrityError",
+    "InvalidArgumentError",
     "InvalidIdentifierError",
     "InvalidPhaseError",
     "InvalidRecordError",
@@ -109,6 +111,12 @@ class InvalidRecordError(CheckpointError, ValueError):
     """A record or manifest that does not match its schema."""
 
     code = "invalid_record"
+
+
+class InvalidArgumentError(CheckpointError, ValueError):
+    """An argument of a public call is out of range or of the wrong type (not an identifier)."""
+
+    code = "invalid_argument"
 
 
 # --- storage ------------------------------------------------------------------------------
@@ -237,6 +245,17 @@ class AdmissionClosedError(CheckpointError):
     """New work is refused while a checkpoint holds admission closed."""
 
     code = "admission_closed"
+
+
+class GenerationCutError(CheckpointError):
+    """A generation cut's acknowledgements do not cover the frozen call inventory exactly once,
+    or their evidence disagrees (receipt, digest, identity): preparation fails.
+
+    ``details["problem"]`` says which: ``missing``, ``duplicate``, ``unknown``, ``partial``,
+    ``identity``, ``receipt_mismatch``, ``digest_mismatch``, ``missing_worker``, ``late``.
+    """
+
+    code = "generation_cut_invalid"
 
 
 class CheckpointNotFoundError(CheckpointError):

@@ -91,15 +91,25 @@ class Record(TypedModel, abc.ABC):
 
 
 class AgentBoundaryRecord(Record):
-    """An agent's state after a completed, non-terminal turn: enough to continue from it."""
+    """An agent's state after a completed, non-terminal turn: enough to continue from it.
+
+    ``resource_revisions`` maps a resources/environment *instance* to the sessions the agent
+    depends on there and their revisions (``{"blackjack": {"table": 3}}``): a session id is
+    only unique within its instance. ``last_model_call_id`` is the last model call whose result
+    the agent committed; ``pending_model_call_id`` is set by the agent participant when the run
+    was parked waiting on its next model call (cut or queued at the model), which attempt N+1
+    re-issues under the same id. ``cookies`` are the run's HTTP cookies (session affinity).
+    """
 
     kind: ClassVar[str] = "agent_boundary"
     boundary_index: int = Field(ge=0)
     turn_index: int = Field(ge=0)
     last_model_call_id: Identifier | None = None
-    resource_revisions: dict[str, int] = Field(default_factory=dict)
+    pending_model_call_id: Identifier | None = None
+    resource_revisions: dict[Identifier, dict[Identifier, int]] = Field(default_factory=dict)
     output_items: list[JsonValue] = Field(default_factory=list)
     usage: dict[str, int] = Field(default_factory=dict)
+    cookies: dict[str, str] = Field(default_factory=dict)
     agent_state: bytes | None = None
 
     @property
@@ -110,8 +120,14 @@ class AgentBoundaryRecord(Record):
         return self.boundary_index
 
     def index_refs(self) -> dict[str, JsonValue] | None:
-        resources: dict[str, JsonValue] = dict(self.resource_revisions)
-        return {"model_call": self.last_model_call_id, "resources": resources}
+        resources: dict[str, JsonValue] = {
+            instance: dict(sessions) for instance, sessions in self.resource_revisions.items()
+        }
+        return {
+            "model_call": self.last_model_call_id,
+            "pending_model_call": self.pending_model_call_id,
+            "resources": resources,
+        }
 
 
 class ResourceSnapshotRecord(Record):
@@ -131,18 +147,49 @@ class ResourceSnapshotRecord(Record):
         return self.revision
 
 
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
 class GenerationCut(BaseModel):
-    """Where an active generation was cut at a durable token boundary."""
+    """Token-free coordinates of a generation cut at a durable token boundary.
+
+    The call, rollout and attempt come from the :class:`ModelCallLineageRecord` holding it.
+    ``frozen_buffer_id`` names the backend's immutable pre-cut buffer; its first
+    ``prefix_token_count`` generated tokens hash to ``prefix_digest``
+    (:func:`~rollout_checkpoint.tokens.prefix_digest`). The tokens themselves stay in the token
+    store under ``receipt_key``, whose entry has sha256 ``receipt_digest`` and ``receipt_length``
+    bytes (the token-store receipt). ``terminal_completion`` is a call that finished generating
+    but whose response had not been delivered: its "prefix" is the whole generation.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cut_kind: Literal["active_prefix", "terminal_completion"]
+    frozen_buffer_id: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
     prefix_token_count: int = Field(ge=0)
-    prefix_digest: str = Field(min_length=1)
+    prefix_digest: str = Field(pattern=_SHA256_HEX)
+    receipt_key: str = Field(min_length=1, max_length=512)
+    receipt_digest: str = Field(pattern=_SHA256_HEX)
+    receipt_length: int = Field(ge=0)
+
+    def index_refs(self) -> dict[str, JsonValue]:
+        return {
+            "kind": self.cut_kind,
+            "count": self.prefix_token_count,
+            "digest": self.prefix_digest,
+            "receipt_digest": self.receipt_digest,
+            "receipt_length": self.receipt_length,
+        }
 
 
 class ModelCallLineageRecord(Record):
-    """Token-free identity of one policy-model call and where it sits in the rollout's lineage."""
+    """Token-free identity of one policy-model call and where it sits in the rollout's lineage.
+
+    Without ``cut`` the call was delivered (a committed call of the lineage). With ``cut`` it
+    is the execution's pending call, not delivered when the checkpoint was taken: its durable
+    prefix (or undelivered completion) is where the re-issued call continues. ``continued_from``
+    records the cut a call itself continued from.
+    """
 
     kind: ClassVar[str] = "model_lineage"
     call_id: Identifier
@@ -150,13 +197,26 @@ class ModelCallLineageRecord(Record):
     policy_version: str = Field(min_length=1, max_length=256)
     token_key: str | None = Field(default=None, description="key of the call's rows in the token store")
     cut: GenerationCut | None = None
+    continued_from: GenerationCut | None = None
+
+    @model_validator(mode="after")
+    def _cut_names_its_tokens(self) -> ModelCallLineageRecord:
+        if self.cut is not None and self.token_key != self.cut.receipt_key:
+            raise ValueError(
+                f"a cut call's token_key {self.token_key!r} must be its cut's receipt_key "
+                f"{self.cut.receipt_key!r}"
+            )
+        return self
 
     @property
     def record_key(self) -> str:
         return self.call_id
 
     def index_refs(self) -> dict[str, JsonValue] | None:
-        return {"parent": self.parent_call_id, "token_key": self.token_key}
+        refs: dict[str, JsonValue] = {"parent": self.parent_call_id, "token_key": self.token_key}
+        if self.cut is not None:  # absent (not null) for delivered calls: their refs stay as they were
+            refs["cut"] = self.cut.index_refs()
+        return refs
 
 
 class TokenStoreReceipt(Record):

@@ -36,6 +36,7 @@ from ._classify import (
     classify,
     reject,
 )
+from ._cut_checks import verify_cut_tokens
 from .archive import ArchiveReader
 from .errors import (
     CheckpointError,
@@ -481,7 +482,7 @@ def _verify_plan(plan: RecoveryPlan, token_snapshot_loader: TokenSnapshotLoader 
         # manifest that classification reads. A custom store brings its own loader and checks.
         from pydantic import ValidationError
 
-        from .tokens import TokenSnapshotReceipt, verify_snapshot_data
+        from .tokens import TokenSnapshotReceipt, load_snapshot, verify_snapshot_data
 
         try:
             parsed = TokenSnapshotReceipt.model_validate(dict(receipt))
@@ -491,6 +492,10 @@ def _verify_plan(plan: RecoveryPlan, token_snapshot_loader: TokenSnapshotLoader 
             try:
                 verify_snapshot_data(plan.store, parsed)
                 objects += 1
+                entries = load_snapshot(plan.store, parsed)
+                for (kind, _), reader in plan.readers.items():
+                    if kind == "model":
+                        verify_cut_tokens(plan.store, entries, reader.members(kind="model_lineage"))
             except CheckpointError as exc:
                 if _store_failure(exc):
                     raise

@@ -15,7 +15,12 @@ Trade-off: every :meth:`ObjectStoreTokenStore.put` writes one shard, so a receip
 the moment it is returned (a model call's staging is the durability boundary a checkpoint waits
 for). That is one object per model call; a server that stages many calls at once should use
 :meth:`ObjectStoreTokenStore.put_many`, which writes one shard for the whole batch. Buffering
-across calls would make receipts lie about durability, so it is not offered.
+across calls would make receipts lie about durability, so it is not offered: a server that
+wants fewer, larger shards wraps the store in :class:`BatchingTokenSink`, whose ``put`` still
+returns only once its batch is durable (group commit).
+
+:func:`prefix_digest` is the canonical digest of a token-id sequence that generation cuts carry
+(``docs/format.md``, "Model lineage and generation cuts").
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from .store import ObjectStore, open_store
 
 __all__ = [
     "TOKEN_ENTRY_SCHEMA_VERSION",
+    "BatchTokenSink",
+    "BatchingTokenSink",
     "TOKEN_SNAPSHOT_FORMAT",
     "InMemoryLineageStore",
     "LineageStore",
@@ -53,6 +60,7 @@ __all__ = [
     "TokenSnapshotReceipt",
     "TokenSource",
     "load_snapshot",
+    "prefix_digest",
     "read_entry",
     "snapshot_key",
     "token_key",
@@ -115,6 +123,17 @@ class TokenEntry(_Model):
     def receipt(self) -> TokenPutReceipt:
         data = self.canonical_bytes()
         return TokenPutReceipt(key=self.key, digest=hashlib.sha256(data).hexdigest(), length=len(data))
+
+
+def prefix_digest(token_ids: Sequence[int]) -> str:
+    """sha256 (lowercase hex) of the token ids as a compact JSON array of decimal integers.
+
+    ``[17,4,250]`` is hashed as the ASCII bytes ``[17,4,250]`` (no spaces; ``[]`` for none), so a
+    second implementation reproduces it with any JSON encoder set to compact separators.
+    """
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in token_ids):
+        raise InvalidRecordError("token ids must be non-negative integers")
+    return hashlib.sha256(("[" + ",".join(str(t) for t in token_ids) + "]").encode()).hexdigest()
 
 
 def token_key(rollout_id: str, attempt: int, call_id: str) -> str:
@@ -525,3 +544,7 @@ def verify_snapshot_data(store: str | ObjectStore, receipt: TokenSnapshotReceipt
         for key, located in members:
             _entry_from_table(table, located, key)
     return len(entries)
+
+
+# The group-commit sink lives in its own module; it is part of this module's API.
+from ._token_batching import BatchingTokenSink, BatchTokenSink  # noqa: E402

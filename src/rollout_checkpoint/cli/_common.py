@@ -23,6 +23,7 @@ __all__ = [
     "console",
     "fail",
     "open_cli_store",
+    "open_demo_store",
     "styled",
 ]
 
@@ -90,6 +91,17 @@ def open_cli_store(
         path = os.path.expanduser(rest if sep else url)
         if not os.path.isdir(path):
             raise StoreError(f"{url}: no such directory", url=url)
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    options: dict[str, object] = {"accept_unsafe_store": accept_unsafe_store} if accept_unsafe_store else {}
+    if url.lower().startswith(("s3://", "s3a://")) and endpoint:
+        options["endpoint_url"] = endpoint
+    return open_store(url, **options)
+
+
+def open_demo_store(
+    url: str, endpoint_url: str | None = None, *, accept_unsafe_store: bool = False
+) -> ObjectStore:
+    """Open (creating a directory if needed) the store a demo writes to."""
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
     options: dict[str, object] = {"accept_unsafe_store": accept_unsafe_store} if accept_unsafe_store else {}
     if url.lower().startswith(("s3://", "s3a://")) and endpoint:

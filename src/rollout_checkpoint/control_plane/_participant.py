@@ -327,6 +327,16 @@ class Participant(AdmissionGate, abc.ABC):
         names exactly what to drop (still registered while this hook runs). Lock held.
         """
 
+    def _check_references(
+        self,
+        store: str | ObjectStore,
+        source_checkpoint_id: str,
+        records: Sequence[Record],
+        scope: frozenset[ExecutionId] | None,
+    ) -> None:
+        """Check the replacement set against what other components of the source checkpoint say
+        about it (raise to refuse the restore). Runs before :meth:`_validate_restore`; no lock."""
+
     def _manifest_extra(self) -> Mapping[str, JsonValue]:
         """Additional JSON for the component manifest (cannot override the standard keys)."""
         return {}
@@ -407,6 +417,7 @@ class Participant(AdmissionGate, abc.ABC):
                     f"{execution.attempt} in one checkpoint"
                 )
             self.fence.check(execution.next_attempt())
+        self._check_references(store, source_checkpoint_id, source.records, scope)
         install = self._validate_restore(source.records)
         with self._cond:
             self._check_still_active(checkpoint_id, generation, deadline, "restore")

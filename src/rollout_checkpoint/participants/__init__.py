@@ -11,14 +11,37 @@ from __future__ import annotations
 
 from .agent import AgentParticipant
 from .codecs import JsonCodec, StateCodec
-from .model import ModelCall, PolicyModelParticipant
+from .generation import FakeGenerationBackend, FrozenBuffer, GenerationOutput, InlinePrefix, StagedPrefix
+from .model import (
+    CutAcknowledgement,
+    CutInventory,
+    CutReport,
+    CutTicket,
+    GenerationResult,
+    ModelCall,
+    PolicyModelParticipant,
+    check_cut_evidence,
+    validate_cut_coverage,
+)
 from .resources import ResourcesParticipant
 
 __all__ = [
     "AgentParticipant",
+    "CutAcknowledgement",
+    "CutInventory",
+    "CutReport",
+    "CutTicket",
+    "FakeGenerationBackend",
+    "FrozenBuffer",
+    "GenerationOutput",
+    "GenerationResult",
+    "InlinePrefix",
     "JsonCodec",
     "ModelCall",
     "PolicyModelParticipant",
     "ResourcesParticipant",
+    "StagedPrefix",
     "StateCodec",
+    "check_cut_evidence",
+    "validate_cut_coverage",
 ]

@@ -1,10 +1,17 @@
-"""The whitebox agent participant: one active run per rollout attempt, parked at completed turns."""
+"""The whitebox agent participant: one active run per rollout attempt, parked, never cancelled.
+
+A run is *parked* (ready for a checkpoint) when it sits at a completed non-terminal turn, or
+while it waits on its first model call since that boundary (the policy model cuts or queues
+that call, so nothing the agent did since the boundary is lost). A run in the middle of its
+turn (tool calls, its own computation) blocks prepare; prepare never cancels it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast
 
 from ..control import WorkerTopology
 from ..control_plane import (
@@ -17,10 +24,12 @@ from ..control_plane import (
     wrong_kind,
 )
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
-from ..ids import ExecutionId
+from ..ids import ExecutionId, validate_id
 from ..records import AgentBoundaryRecord, Record
 
-__all__ = ["AgentParticipant"]
+__all__ = ["AgentMode", "AgentParticipant"]
+
+AgentMode = Literal["exported", "restart_only"]
 
 
 @dataclass
@@ -28,29 +37,41 @@ class _AgentRun:
     running: bool
     boundary: AgentBoundaryRecord | None = None
     restored: bool = False  # restored and not yet picked up by its replacement
+    restart_only: bool = False  # this run cannot continue: reported as a restart, never exported
+    awaiting: str | None = None  # the model call the run is parked on (first since its boundary)
+    calls_since_boundary: int = 0
 
 
 class AgentParticipant(Participant):
-    """A whitebox agent: one active run per rollout attempt, parked at completed turns.
+    """A whitebox agent: one active run per rollout attempt, parked at safe points.
 
     Integration: ``begin`` when a run starts (returns the restored boundary to continue from,
     if any), ``boundary`` after every completed non-terminal turn, ``start_turn`` before the next
-    turn, ``finish`` when the run ends (terminal runs are never exported). A running turn blocks
-    prepare; a run at a boundary is ready. Prepare never cancels a turn midway.
+    turn, ``awaiting_model`` around each model call, ``finish`` when the run ends (terminal runs
+    are never exported).
+
+    Modes: ``exported`` (boundaries are committed and restored as attempt N+1) or
+    ``restart_only`` (the agent cannot continue a run: it never blocks prepare, exports nothing
+    and reports every live run as a restart, so the reader dispatches it afresh). A single run
+    can declare itself restart-only with ``begin(..., restart_only=True)`` (say, its environment
+    cannot export state).
     """
 
     def __init__(
         self,
         instance: str = "agent",
         *,
+        mode: AgentMode = "exported",
         topology: WorkerTopology = "single_process",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if mode not in ("exported", "restart_only"):
+            raise ValueError(f"agent mode must be 'exported' or 'restart_only', not {mode!r}")
         super().__init__(
             kind="agent",
             instance=instance,
-            mode="exported",
+            mode=mode,
             topology=topology,
             concurrency="per_session_serialized",
             lease_grace_seconds=lease_grace_seconds,
@@ -58,14 +79,18 @@ class AgentParticipant(Participant):
         )
         self._runs: dict[ExecutionId, _AgentRun] = {}
         # Indexes kept in step with ``_runs`` so readiness costs O(blockers), not O(runs).
-        self._running: set[ExecutionId] = set()
+        self._running: set[ExecutionId] = set()  # in a turn and not parked
+        self._awaiting: set[ExecutionId] = set()  # parked on a model call
         self._pending: set[ExecutionId] = set()
 
-    def begin(self, execution: ExecutionId, *, wait: float = 0.0) -> AgentBoundaryRecord | None:
+    def begin(
+        self, execution: ExecutionId, *, wait: float = 0.0, restart_only: bool = False
+    ) -> AgentBoundaryRecord | None:
         """Start a run (new work: refused while admission is closed, or parked up to ``wait`` s).
 
         Returns the boundary a restore installed for this attempt (the run continues from it,
         at that boundary), else ``None`` (the run starts from its input, already running).
+        ``restart_only`` marks a run that can only restart from its input.
         """
         with self._cond:
             self._admit(execution, wait=wait)
@@ -78,11 +103,14 @@ class AgentParticipant(Participant):
                         attempt=execution.attempt,
                     )
                 run.restored = False
+                run.restart_only = restart_only or self.mode == "restart_only"
                 self._pending.discard(execution)
                 return run.boundary
             self._register(execution)
-            self._runs[execution] = _AgentRun(running=True)
-            self._running.add(execution)
+            self._runs[execution] = _AgentRun(
+                running=True, restart_only=restart_only or self.mode == "restart_only"
+            )
+            self._mark(execution)
             return None
 
     def start_turn(self, execution: ExecutionId, *, wait: float = 0.0) -> None:
@@ -93,7 +121,51 @@ class AgentParticipant(Participant):
             if run.running:
                 raise InvalidPhaseError(f"{execution}: a turn is already running")
             run.running = True
-            self._running.add(execution)
+            run.calls_since_boundary = 0
+            self._mark(execution)
+
+    @contextmanager
+    def awaiting_model(self, execution: ExecutionId, call_id: str) -> Iterator[None]:
+        """Mark the time a running turn waits on model call ``call_id``.
+
+        The first model call since the boundary parks the run: prepare counts it ready (the
+        model cuts or queues the call; after a restore attempt N+1 re-issues ``call_id`` from
+        the boundary). On leaving, a run that was parked does not go on while a checkpoint is
+        open: it waits for resume, so nothing it does after the call escapes the checkpoint.
+        Later calls in the same turn do not park the run (their predecessors' results would be
+        lost): end the turn with a boundary first.
+        """
+        validate_id(call_id, "call_id")
+        with self._cond:
+            self._require_live(execution)
+            run = self._run(execution)
+            if not run.running:
+                raise InvalidPhaseError(f"{execution}: awaiting a model call outside a turn (start a turn)")
+            if run.awaiting is not None:
+                raise InvalidPhaseError(f"{execution}: already awaiting model call {run.awaiting}")
+            parks = run.calls_since_boundary == 0 and run.boundary is not None
+            run.calls_since_boundary += 1
+            if parks:
+                run.awaiting = call_id
+                self._mark(execution)
+                self._changed()
+        try:
+            yield
+        finally:
+            if parks:
+                self._leave_model_wait(execution, run)
+
+    def _leave_model_wait(self, execution: ExecutionId, run: _AgentRun) -> None:
+        with self._cond:
+            # Parked: stay parked until the checkpoint ends (resume or lease expiry).
+            while not self._accepting and self._runs.get(execution) is run:
+                self._cond.wait(self._wait_slice(None))
+                self._check_lease()
+            if self._runs.get(execution) is run:
+                run.awaiting = None
+                self._mark(execution)
+                self._changed()
+            self.fence.check(execution)  # retired while parked: the run is void
 
     def boundary(self, execution: ExecutionId, record: AgentBoundaryRecord) -> None:
         """A completed non-terminal turn: keep ``record`` as the run's latest safe boundary."""
@@ -103,9 +175,15 @@ class AgentParticipant(Participant):
                 rollout_id=execution.rollout_id,
                 attempt=execution.attempt,
             )
+        if record.pending_model_call_id is not None:
+            raise InvalidRecordError(
+                f"{execution}: pending_model_call_id is set by the agent participant, not reported"
+            )
         with self._cond:
             self._require_live(execution)
             run = self._run(execution)
+            if run.awaiting is not None:
+                raise InvalidPhaseError(f"{execution}: boundary while awaiting model call {run.awaiting}")
             if run.boundary is not None and record.boundary_index <= run.boundary.boundary_index:
                 raise InvalidRecordError(
                     f"{execution}: boundary_index {record.boundary_index} does not advance past "
@@ -113,7 +191,8 @@ class AgentParticipant(Participant):
                 )
             run.boundary = record
             run.running = False
-            self._running.discard(execution)
+            run.calls_since_boundary = 0
+            self._mark(execution)
             self._changed()
 
     def finish(self, execution: ExecutionId) -> None:
@@ -129,9 +208,22 @@ class AgentParticipant(Participant):
             self._require_live(execution)
             return self._run(execution).boundary
 
+    def _mark(self, execution: ExecutionId) -> None:
+        """Keep the readiness indexes in step with the run's state."""
+        run = self._runs.get(execution)
+        self._running.discard(execution)
+        self._awaiting.discard(execution)
+        if run is None or run.restart_only:
+            return
+        if run.awaiting is not None:
+            self._awaiting.add(execution)
+        elif run.running:
+            self._running.add(execution)
+
     def _drop_run(self, execution: ExecutionId) -> None:
         self._runs.pop(execution, None)
         self._running.discard(execution)
+        self._awaiting.discard(execution)
         self._pending.discard(execution)
 
     def _run(self, execution: ExecutionId) -> _AgentRun:
@@ -140,29 +232,45 @@ class AgentParticipant(Participant):
             raise UnknownExecutionError(f"{execution} has no run at agent/{self.instance}")
         return run
 
+    def _restarts(self, scope: frozenset[ExecutionId] | None) -> list[ExecutionId]:
+        return sorted(
+            (e for e, run in self._runs.items() if run.restart_only and self._in_scope(e, scope)),
+            key=execution_key,
+        )
+
     # -- hooks ------------------------------------------------------------------------------
     def _readiness(self) -> Readiness:
         running = sorted(self._running, key=execution_key)
+        restarts = self._restarts(None)
         return Readiness(
             blockers=[str(e) for e in running],
             counts={
                 "runs": len(self._runs),
                 "running": len(running),
-                "at_boundary": len(self._runs) - len(running),
+                "awaiting_model": len(self._awaiting),
+                "at_boundary": len(self._runs) - len(running) - len(self._awaiting),
                 "restored_pending": len(self._pending),
+                "restart_only": len(restarts),
             },
+            restarts=restarts,
         )
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
         records: list[Record] = []
         executions: list[ExecutionId] = []
         for execution, run in sorted(self._runs.items(), key=lambda item: execution_key(item[0])):
-            if run.boundary is not None and self._in_scope(execution, scope):
-                records.append(run.boundary)
-                executions.append(execution)
-        return Export(records=records, executions=executions)
+            if run.restart_only or run.boundary is None or not self._in_scope(execution, scope):
+                continue
+            record = run.boundary
+            if run.awaiting is not None:
+                record = record.model_copy(update={"pending_model_call_id": run.awaiting})
+            records.append(record)
+            executions.append(execution)
+        return Export(records=records, executions=executions, restarts=self._restarts(scope))
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
+        if records and self.mode == "restart_only":
+            raise InvalidRecordError(f"a restart_only agent/{self.instance} has no boundaries to restore")
         boundaries: dict[ExecutionId, AgentBoundaryRecord] = {}
         for record in records:
             if not isinstance(record, AgentBoundaryRecord):

@@ -1,4 +1,10 @@
-"""The resources/environment participant: per-session state, mutations serialized per session."""
+"""The resources/environment participant: per-session state, mutations serialized per session.
+
+While a checkpoint runs, new sessions and mutations wait for resume (bounded by
+``admission_wait`` seconds, then ``admission_closed``) instead of failing at once. Restore
+validates the complete replacement set (every session decodes; every revision agrees with the
+agent boundaries of the source checkpoint that name this instance) before activating any of it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from .. import layout
+from ..archive import ArchiveReader
 from ..control import CheckpointMode, WorkerTopology
 from ..control_plane import (
     DEFAULT_LEASE_GRACE_SECONDS,
@@ -16,12 +24,23 @@ from ..control_plane import (
     execution_key,
     wrong_kind,
 )
-from ..errors import IdentityConflictError, InvalidRecordError, InvalidValueError, UnknownExecutionError
+from ..errors import (
+    CheckpointNotFoundError,
+    IdentityConflictError,
+    InvalidRecordError,
+    InvalidValueError,
+    UnknownExecutionError,
+)
 from ..ids import ExecutionId, validate_id
+from ..manifests import read_record
 from ..records import Record, ResourceSnapshotRecord
+from ..store import ObjectStore, open_store
 from .codecs import JsonCodec, StateCodec
 
-__all__ = ["ResourcesParticipant"]
+__all__ = ["DEFAULT_ADMISSION_WAIT_SECONDS", "ResourcesParticipant"]
+
+DEFAULT_ADMISSION_WAIT_SECONDS = 300.0
+"""How long a session request waits for a checkpoint to end before ``admission_closed``."""
 
 
 @dataclass
@@ -41,7 +60,9 @@ class ResourcesParticipant(Participant):
     is reported as a restart, so the reader dispatches it afresh).
 
     Mutations are serialized per session by a lock and bump a monotonic revision only when they
-    succeed. End a session with :meth:`end_session` once it is terminal and verified; after a
+    succeed. While a checkpoint runs they wait for resume (``wait``, default ``admission_wait``
+    seconds; the wait is bounded, then ``admission_closed``). End a session with
+    :meth:`end_session` once it is terminal and verified; after a
     failed verification keep it (its state stays exported) so verification can be retried.
     """
 
@@ -52,6 +73,7 @@ class ResourcesParticipant(Participant):
         kind: Literal["resources", "environment"] = "resources",
         mode: CheckpointMode = "restart_only",
         codec: StateCodec | None = None,
+        admission_wait: float = DEFAULT_ADMISSION_WAIT_SECONDS,
         topology: WorkerTopology = "single_process",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
@@ -71,16 +93,21 @@ class ResourcesParticipant(Participant):
             lease_grace_seconds=lease_grace_seconds,
             clock=clock,
         )
+        if admission_wait < 0:
+            raise ValueError("admission_wait must be >= 0")
         self.codec: StateCodec = codec if codec is not None else JsonCodec()
+        self.admission_wait = float(admission_wait)
         self._sessions: dict[tuple[ExecutionId, str], _Session] = {}
         self._by_execution: dict[ExecutionId, set[str]] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # sessions with accepted mutations
 
-    def open_session(self, execution: ExecutionId, session_id: str, state: Any, *, wait: float = 0.0) -> int:
-        """Seed a session (new work: refused, or parked up to ``wait`` s, while closed); revision 0."""
+    def open_session(
+        self, execution: ExecutionId, session_id: str, state: Any, *, wait: float | None = None
+    ) -> int:
+        """Seed a session at revision 0 (new work: waits up to ``wait`` s while a checkpoint runs)."""
         validate_id(session_id, "session_id")
         with self._cond:
-            self._admit(execution, wait=wait)
+            self._admit(execution, wait=self._wait(wait))
             if (execution, session_id) in self._sessions:
                 raise IdentityConflictError(f"session {session_id} of {execution} is already open")
             self._register(execution)
@@ -88,15 +115,21 @@ class ResourcesParticipant(Participant):
             return 0
 
     def mutate(
-        self, execution: ExecutionId, session_id: str, fn: Callable[[Any], Any], *, wait: float = 0.0
+        self,
+        execution: ExecutionId,
+        session_id: str,
+        fn: Callable[[Any], Any],
+        *,
+        wait: float | None = None,
     ) -> int:
         """Apply ``fn(state) -> new_state`` under the session lock; returns the new revision.
 
         Treat the state as immutable inside ``fn`` (return a new value): if ``fn`` raises, the
-        old state and revision stay. Refused (or parked up to ``wait`` s) while closed.
+        old state and revision stay. While a checkpoint runs the mutation waits for resume, up to
+        ``wait`` s (default ``admission_wait``; ``0`` refuses at once).
         """
         with self._cond:
-            self._admit(execution, wait=wait)
+            self._admit(execution, wait=self._wait(wait))
             session = self._session(execution, session_id)
             session.inflight += 1
             self._inflight.add((execution, session_id))
@@ -137,6 +170,9 @@ class ResourcesParticipant(Participant):
                 if execution not in self._by_execution:
                     self._unregister(execution)
             self._changed()
+
+    def _wait(self, wait: float | None) -> float:
+        return self.admission_wait if wait is None else wait
 
     def sessions(self, execution: ExecutionId) -> list[str]:
         with self._cond:
@@ -213,6 +249,34 @@ class ResourcesParticipant(Participant):
             executions.add(execution)
         return Export(records=records, executions=sorted(executions, key=execution_key))
 
+    def _check_references(
+        self,
+        store: str | ObjectStore,
+        source_checkpoint_id: str,
+        records: Sequence[Record],
+        scope: frozenset[ExecutionId] | None,
+    ) -> None:
+        """Every session revision an agent boundary of the source checkpoint names at this
+        instance must be in the replacement set at exactly that revision."""
+        have = {
+            (r.execution, r.session_id): r.revision for r in records if isinstance(r, ResourceSnapshotRecord)
+        }
+        referenced = _referenced_revisions(open_store(store), source_checkpoint_id, self.instance)
+        for execution, sessions in referenced:
+            if scope is not None and execution not in scope:
+                continue
+            for session_id, revision in sorted(sessions.items()):
+                held = have.get((execution, session_id))
+                if held != revision:
+                    found = "missing" if held is None else f"at revision {held}"
+                    raise InvalidRecordError(
+                        f"agent boundary of {execution} needs session {session_id} of {self.kind}/"
+                        f"{self.instance} at revision {revision}; the checkpoint has it {found}",
+                        rollout_id=execution.rollout_id,
+                        attempt=execution.attempt,
+                        session_id=session_id,
+                    )
+
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         if records and self.mode != "exported":
             raise InvalidRecordError(f"a {self.mode} {self.kind} participant has no state to restore")
@@ -249,3 +313,35 @@ class ResourcesParticipant(Participant):
         for execution in self._covered_live(executions):
             for session_id in list(self._by_execution.get(execution, ())):
                 self._drop_session(execution, session_id)
+
+
+def _referenced_revisions(
+    store: ObjectStore, checkpoint_id: str, instance: str
+) -> list[tuple[ExecutionId, dict[str, int]]]:
+    """``(execution, {session: revision})`` that the agent boundaries of ``checkpoint_id`` name
+    at resources ``instance``, read from the agent components' member indexes (no payloads).
+
+    A published checkpoint's agent components come from its global record (pinned by digest);
+    an unpublished one's (a participant-level restore) from the listing of its prefix.
+    """
+    readers: list[ArchiveReader] = []
+    try:
+        record, _ = read_record(store, checkpoint_id)
+    except CheckpointNotFoundError:
+        agents = f"{layout.checkpoint_prefix(checkpoint_id)}/components/agent/"
+        for info in store.list(agents):
+            if info.key.endswith(f"/{layout.MANIFEST_NAME}"):
+                readers.append(ArchiveReader.open(store, info.key.rsplit("/", 1)[0]))
+    else:
+        for ref in record.components:
+            if ref.kind == "agent":
+                readers.append(ArchiveReader.open(store, ref.prefix, expected_sha256=ref.manifest.sha256))
+    out: list[tuple[ExecutionId, dict[str, int]]] = []
+    for reader in readers:
+        for member in reader.members(kind="agent_boundary"):
+            resources = (member.refs or {}).get("resources")
+            sessions = resources.get(instance) if isinstance(resources, dict) else None
+            if isinstance(sessions, dict) and sessions:
+                execution = ExecutionId(rollout_id=member.rollout_id, attempt=member.attempt)
+                out.append((execution, {str(k): int(v) for k, v in sessions.items() if isinstance(v, int)}))
+    return out

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, cast
 
 import fsspec
 
-from ..errors import ObjectNotFoundError, StoreError
+from ..errors import ObjectNotFoundError, StoreError, TransientStoreError
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 from ._errors import mapped_errors
 
@@ -205,10 +205,18 @@ class MemoryStore(FsspecStore):
         self._check_prefix(prefix)
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = f"{self.root}/{folder}" if folder else (self.root or "/")
-        try:
-            found = self.fs.find(base, detail=True, on_error="raise")
-        except FileNotFoundError:
-            return []
+        for _ in range(1000):
+            try:
+                found = self.fs.find(base, detail=True, on_error="raise")
+                break
+            except FileNotFoundError:
+                return []
+            except RuntimeError:
+                # fsspec iterates its process-wide dict, which another thread's put may grow
+                # meanwhile ("dictionary changed size during iteration"): list again.
+                continue
+        else:
+            raise TransientStoreError(f"{self.url}: listing {prefix!r} kept racing concurrent writes")
         out = []
         for path, info in found.items():
             key = self._key_of(path)
