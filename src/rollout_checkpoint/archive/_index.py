@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InvalidRecordError
@@ -91,6 +90,8 @@ INDEX_FLUSH_ROWS = 1 << 13
 writes them as one row group: at most ~1 MB of index rows in memory."""
 
 INDEX_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "shard"]
+_SCAN_LOOKUPS = 16
+"""Lookups answered by an Arrow scan of the index before a dict of every member is built."""
 
 
 class _DigestSink(io.RawIOBase):
@@ -212,6 +213,7 @@ class MemberIndex:
         self._footers = footers
         self._metadata: dict[int, pq.FileMetaData] = {}
         self._positions: dict[tuple[str, str, int, str], int] | None = None
+        self._lookups = 0
 
     @classmethod
     def from_bytes(cls, data: bytes, shard_count: int) -> MemberIndex:
@@ -262,6 +264,8 @@ class MemberIndex:
 
     def shards_with(self, kind: str | None) -> set[int]:
         """Shards that hold at least one member of ``kind`` (all shards that hold any when None)."""
+        import pyarrow.compute as pc
+
         col = (
             self.table["shard"]
             if kind is None
@@ -270,7 +274,20 @@ class MemberIndex:
         return {int(v) for v in pc.unique(col).to_pylist()}
 
     def position(self, kind: str, rollout_id: str, attempt: int, key: str) -> int | None:
-        """Row of the member in :attr:`table` (a dict built on first use, then O(1))."""
+        """Row of the member in :attr:`table`: the first lookups scan the columns in Arrow (no
+        Python object per member, so a cold lookup stays cheap); after
+        ``_SCAN_LOOKUPS`` of them a dict of every member is built, then each lookup is O(1)."""
+        if self._positions is None and self._lookups < _SCAN_LOOKUPS:
+            self._lookups += 1
+            import pyarrow.compute as pc
+
+            table = self.table
+            mask = pc.and_(
+                pc.and_(pc.equal(table["rollout_id"], rollout_id), pc.equal(table["key"], key)),
+                pc.and_(pc.equal(table["kind"], kind), pc.equal(table["attempt"], attempt)),
+            )
+            rows = pc.indices_nonzero(mask)
+            return int(rows[0].as_py()) if len(rows) else None
         if self._positions is None:
             cols = [self.table[name].to_pylist() for name in ("kind", "rollout_id", "attempt", "key")]
             self._positions = {ident: i for i, ident in enumerate(zip(*cols, strict=True))}
@@ -281,6 +298,8 @@ class MemberIndex:
         return _member(row)
 
     def members(self, kind: str | None = None, batch_rows: int = 4096) -> Iterator[MemberRef]:
+        import pyarrow.compute as pc
+
         table = self.table if kind is None else self.table.filter(pc.equal(self.table["kind"], kind))
         for batch in table.to_batches(max_chunksize=batch_rows):
             for row in batch.to_pylist():

@@ -5,12 +5,16 @@ Why it looks like this (measured in archive-perf-notes.md):
 * Records are buffered as plain column lists and turned into Arrow arrays once per row group,
   so the per-record cost is a handful of list appends (no per-record pydantic validation for
   ``write_raw``, no per-record Arrow calls).
-* Each row group is encoded into an in-memory Parquet stream as soon as it is full, so at any
-  moment the writer holds one partly encoded shard plus one row group: memory stays bounded by
-  ``target_shard_bytes`` whatever the total written.
-* A finished shard is uploaded with one ``put`` under a unique name (objects are immutable, no
-  temp-then-rename); only the manifest, written last with ``put_if_absent``, makes it part of
-  the checkpoint. Shards of an aborted writer are unreferenced garbage for retention to collect.
+* Each row group is encoded (on a background thread) as soon as it is full and goes straight
+  out through SHA-256 (``_shard.ShardStream``). On stores with a streaming writer (local disk,
+  S3, other fsspec stores: ``stream_shards``) it goes to the shard object itself, so the writer
+  holds about two row groups whatever the shard size; elsewhere (memory stores, or
+  ``stream_shards=False``) into an in-memory shard uploaded with one ``put``, which a failed
+  upload can retry. Either way only the manifest, written last with ``put_if_absent``, makes a
+  shard part of the checkpoint; shards of an aborted writer are unreferenced garbage for
+  retention to collect.
+* ``write_columns`` / ``write_records`` append whole batches (the columnar path, ``_bulk``): one
+  check per batch, list ``extend``s, JSON by orjson; no per-record model or Arrow call.
 * The member index is one object, streamed (``ObjectStore.open_write``) while the shards are
   written: each uploaded shard's index rows go straight into it, so no per-member state piles
   up. What stays for the whole archive is one 64-bit hash per member (8 bytes, for the
@@ -24,26 +28,27 @@ Why it looks like this (measured in archive-perf-notes.md):
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import io
+import sys
 import uuid
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import JsonValue
 
 from ..errors import InvalidRecordError, ManifestConflictError, ObjectExistsError
 from ..ids import validate_id, validate_key
 from ..records import RECORD_SCHEMA_VERSION, Record
-from ..store import ObjectStore
+from ..store import DelegatingStore, LocalStore, ObjectStore
+from ._bulk import ID_CACHE_LIMIT, MAX_MEMBER_KEY, Batch, Field, check_batch, encode_records, encode_refs
 from ._errors import ArchiveStateError
-from ._index import IndexWriter, RowGroupSpan, row_group_spans
+from ._index import IndexWriter, RowGroupSpan
 from ._manifest import (
     ComponentManifest,
     IndexEntry,
@@ -58,20 +63,18 @@ from ._schema import (
     DEFAULT_ZSTD_LEVEL,
     INDEX_MEMBER_COLUMNS,
     MANIFEST_NAME,
-    SHARD_DICTIONARY_COLUMNS,
     SHARD_SCHEMA,
-    SHARD_STATISTICS_COLUMNS,
-    encode_refs,
     index_name,
     join_key,
     shard_name,
 )
+from ._shard import ClosedShard, ShardStream
 
 __all__ = ["ArchiveWriter"]
 
 _SHARD_TYPES = [field.type for field in SHARD_SCHEMA]
-_MAX_MEMBER_KEY = 1024
-_ID_CACHE_LIMIT = 1 << 16
+_MAX_MEMBER_KEY = MAX_MEMBER_KEY
+_ID_CACHE_LIMIT = ID_CACHE_LIMIT
 
 
 @dataclass
@@ -85,13 +88,34 @@ class _EncodedShard:
     footer: bytes
 
 
+def streams_natively(store: ObjectStore) -> bool:
+    """Whether ``store`` (behind any wrappers) has a streaming ``open_write``: local disk and
+    fsspec stores such as S3 do; memory stores only buffer, so a ``put`` per shard is as cheap
+    there and keeps a failed upload retryable."""
+    while isinstance(store, DelegatingStore):
+        store = store.inner
+    if isinstance(store, LocalStore):
+        return True
+    # not imported means no fsspec store exists (fsspec is loaded only when one is opened)
+    fs_module = sys.modules.get(f"{ObjectStore.__module__.rpartition('.')[0]}._fsspec")
+    if fs_module is None:
+        return False
+    return isinstance(store, fs_module.FsspecStore) and not isinstance(store, fs_module.MemoryStore)
+
+
 class ArchiveWriter:
     """Write one component archive under ``prefix`` of ``store``; not thread-safe.
 
-    ``write``/``write_raw`` append members; :meth:`commit` uploads the last shard and the member
-    index, then creates ``manifest.json`` (create-only). As a context manager an exception
-    aborts (no manifest: the archive does not exist for readers) and a clean exit commits if
-    :meth:`commit` was not called.
+    ``write``/``write_raw`` append members, ``write_columns``/``write_records`` whole batches;
+    :meth:`commit` uploads the last shard and the member index, then creates ``manifest.json``
+    (create-only). As a context manager an exception aborts (no manifest: the archive does not
+    exist for readers) and a clean exit commits if :meth:`commit` was not called.
+
+    ``stream_shards`` (default: whether the store streams natively, see :func:`streams_natively`)
+    streams each shard into its object as it is encoded, so memory stays at about two row groups;
+    a store error while streaming then breaks the writer (``ArchiveStateError``: abort and write
+    the archive again). Without it a shard is encoded in memory and uploaded with one ``put``; a
+    failed upload is retried by the next write or commit.
     """
 
     def __init__(
@@ -105,6 +129,7 @@ class ArchiveWriter:
         target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES,
         row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
         zstd_level: int = DEFAULT_ZSTD_LEVEL,
+        stream_shards: bool | None = None,
     ) -> None:
         if target_shard_bytes < 1:
             raise ValueError("target_shard_bytes must be positive")
@@ -124,6 +149,7 @@ class ArchiveWriter:
         # (the unit a lookup downloads) as big as the shard.
         self.row_group_bytes = max(1, target_shard_bytes // 4)
         self.zstd_level = zstd_level
+        self.stream_shards = streams_natively(store) if stream_shards is None else bool(stream_shards)
         self.writer_id = uuid.uuid4().hex
 
         # the open row group, as column lists
@@ -143,10 +169,11 @@ class ArchiveWriter:
         self._job: Future[None] | None = None
         self._broken: BaseException | None = None
 
-        # the open shard
-        self._sink: pa.BufferOutputStream | None = None
-        self._pq: pq.ParquetWriter | None = None
-        self._shard_row_groups: list[pa.Table] = []
+        # the open shard: its encoder and where its bytes go (a store stream or a buffer)
+        self._shard: ShardStream | None = None
+        self._shard_key = ""
+        self._shard_stack: contextlib.ExitStack | None = None
+        self._shard_buffer: io.BytesIO | None = None
         self._pending: _EncodedShard | None = None
 
         self._seq = 0
@@ -199,8 +226,10 @@ class ArchiveWriter:
 
         A shard is closed when its *uncompressed* payload reaches ``target_shard_bytes`` (or its
         buffered bytes do, for key-heavy records), so stored shards are about target / compression
-        ratio and the writer's peak memory stays a small multiple of that."""
-        return self._encoded_bytes + self._inflight_bytes + self._rg_payload_bytes
+        ratio and the writer's peak memory stays a small multiple of that. A streamed shard's
+        encoded bytes are already on the store, so only the row groups count."""
+        held = 0 if self.stream_shards else self._encoded_bytes
+        return held + self._inflight_bytes + self._rg_payload_bytes
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, record: Record) -> None:
@@ -261,6 +290,118 @@ class ArchiveWriter:
             None if refs is None else encode_refs(refs),
             payload,
         )
+
+    def write_columns(
+        self,
+        kind: str,
+        rollout_ids: Sequence[str],
+        attempts: Sequence[int],
+        keys: Sequence[str],
+        payloads: Sequence[bytes | bytearray | memoryview],
+        *,
+        revisions: Sequence[int | None] | None = None,
+        refs: Sequence[Mapping[str, Any] | None] | None = None,
+        schema_version: int = RECORD_SCHEMA_VERSION,
+    ) -> None:
+        """Append a batch of pre-serialised members of one ``kind``, one column per field (the
+        columnar path: one check per batch, no per-record model or Arrow call).
+
+        Same meaning as :meth:`write_raw` per member; ``refs[i]`` is what
+        ``Record.index_refs()`` would return. The batch is checked whole before any of it is
+        taken: a bad value or a duplicate within the batch raises ``InvalidRecordError`` and
+        appends nothing. A duplicate of an earlier member is refused at :meth:`commit`, as for
+        :meth:`write`.
+        """
+        if self._sealed or self._aborted or self._broken is not None:
+            self._refuse()
+        if type(schema_version) is not int or schema_version < 1:
+            raise InvalidRecordError(f"schema_version must be a positive int, got {schema_version!r}")
+        batch = check_batch(kind, rollout_ids, attempts, keys, payloads, revisions, refs, self._valid_ids)
+        if not batch:
+            return
+        if not self._rg_seen.isdisjoint(batch.hashes):
+            for ident in zip([kind] * len(batch), batch.rollout_ids, batch.attempts, batch.keys, strict=True):
+                if self._in_open_row_group(ident):
+                    raise self._duplicate_error(ident)
+        if self._pending is not None:
+            self._upload_pending()
+        self._extend(batch, schema_version)
+
+    def write_records(
+        self,
+        kind: str,
+        records: Sequence[Mapping[str, Any]],
+        *,
+        key: Field,
+        revision: Field | None = None,
+        refs: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
+        schema_version: int = RECORD_SCHEMA_VERSION,
+    ) -> None:
+        """Append a batch of JSON-shaped records of one ``kind`` (``Record.model_dump(mode="json")``
+        dicts, or anything of that shape): each payload is ``orjson.dumps(record)``.
+
+        ``rollout_id`` and ``attempt`` come from the records' fields of those names; ``key``
+        and ``revision`` are a field name or a function of the record (``Record.record_key``,
+        ``Record.index_revision()``), ``refs`` a function (``Record.index_refs()``). Payloads
+        are not validated against the record model: readers decode them with it, so the caller
+        must write the model's JSON shape (use :meth:`write` for models).
+        """
+        columns = encode_records(records, key, revision, refs)
+        rollout_ids, attempts, keys, payloads, revisions, refs_list = columns
+        self.write_columns(
+            kind,
+            rollout_ids,
+            attempts,
+            keys,
+            payloads,
+            revisions=revisions,
+            refs=refs_list,
+            schema_version=schema_version,
+        )
+
+    def _extend(self, batch: Batch, schema_version: int) -> None:
+        """Append a checked batch, cutting row groups and shards where ``_append`` would."""
+        n = len(batch)
+        start = 0
+        self._hashes.extend(batch.hashes)
+        self._record_counts[batch.kind] = self._record_counts.get(batch.kind, 0) + n
+        lengths = batch.lengths
+        while start < n:
+            end = min(n, start + self.row_group_rows - len(self._payloads))
+            room = self.row_group_bytes - self._rg_payload_bytes
+            shard_room = self.target_shard_bytes - self._shard_payload_bytes
+            chunk = sum(lengths[start:end])
+            if chunk >= room or chunk >= shard_room:
+                # cut after the record that reaches a byte limit (as _append does)
+                acc = 0
+                for i in range(start, end):
+                    acc += lengths[i]
+                    if acc >= room or acc >= shard_room:
+                        end = i + 1
+                        break
+                chunk = acc
+            self._kinds.extend([batch.kind] * (end - start))
+            self._rollout_ids.extend(batch.rollout_ids[start:end])
+            self._attempts.extend(batch.attempts[start:end])
+            self._keys.extend(batch.keys[start:end])
+            self._schema_versions.extend([schema_version] * (end - start))
+            self._revisions.extend(batch.revisions[start:end])
+            self._refs.extend(batch.refs[start:end])
+            self._payloads.extend(batch.payloads[start:end])
+            self._rg_seen.update(batch.hashes[start:end])
+            self._rg_payload_bytes += chunk
+            self._shard_payload_bytes += chunk
+            start = end
+            if len(self._payloads) >= self.row_group_rows or self._rg_payload_bytes >= self.row_group_bytes:
+                self._flush_row_group()
+            if (
+                self._shard_payload_bytes >= self.target_shard_bytes
+                or self._encoded_bytes + self._inflight_bytes + self._rg_payload_bytes
+                >= self.target_shard_bytes
+            ):
+                self._finish_shard()
+                if start < n and self._pending is not None:
+                    self._upload_pending()
 
     def _append(
         self,
@@ -387,61 +528,89 @@ class ArchiveWriter:
 
     def _encode_row_group(self, cols: list[list[Any]]) -> None:
         """Runs on the encoder thread: column lists -> Arrow -> one Parquet row group."""
-        n = len(cols[0])
         table = pa.Table.from_arrays(
             [pa.array(col, typ) for col, typ in zip(cols, _SHARD_TYPES, strict=True)], schema=SHARD_SCHEMA
         )
-        if self._pq is None:
-            self._sink = pa.BufferOutputStream()
-            self._pq = pq.ParquetWriter(
-                self._sink,
-                SHARD_SCHEMA,
-                compression="zstd",
-                compression_level=self.zstd_level,
-                use_dictionary=SHARD_DICTIONARY_COLUMNS,
-                write_statistics=SHARD_STATISTICS_COLUMNS,
-                write_page_index=False,
-            )
-        self._pq.write_table(table, row_group_size=n)
-        # keep only the (small) member columns for the index; the payload buffers are freed
-        self._shard_row_groups.append(table.select(INDEX_MEMBER_COLUMNS))
-        self._encoded_bytes = int(self._sink.tell()) if self._sink is not None else 0
+        shard = self._shard or self._open_shard()
+        shard.write_row_group(table)
+        self._encoded_bytes = shard.bytes
+
+    def _open_shard(self) -> ShardStream:
+        """Start the next shard: a stream into its store object, or an in-memory buffer."""
+        key = shard_name(self.writer_id, self._seq)
+        self._seq += 1
+        sink: Any
+        if self.stream_shards:
+            stack = contextlib.ExitStack()
+            sink = stack.enter_context(self.store.open_write(join_key(self.prefix, key)))
+            self._shard_stack = stack
+        else:
+            sink = self._shard_buffer = io.BytesIO()
+        self._shard_key = key
+        self._shard = ShardStream(sink, self.zstd_level)
+        return self._shard
+
+    def _discard_shard(self, exc: BaseException) -> None:
+        """Drop the open shard; a streamed one is discarded by its store stream."""
+        shard, stack = self._shard, self._shard_stack
+        self._shard = None
+        self._shard_stack = None
+        self._shard_buffer = None
+        self._encoded_bytes = 0
+        if shard is not None:
+            shard.abandon()
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                stack.__exit__(type(exc), exc, exc.__traceback__)
 
     def _finish_shard(self) -> None:
-        """Close the open shard into an in-memory object awaiting upload (``_pending``)."""
+        """Close the open shard: a streamed one is finished on the store now (and recorded); a
+        buffered one becomes ``_pending``, uploaded by the next write or by commit."""
         self._flush_row_group()
         self._sync()
-        if self._pq is None or self._sink is None:
+        shard = self._shard
+        if shard is None:
             return
         if self._pending is not None:
             raise AssertionError("a shard is still waiting for upload")
-        self._pq.close()
-        data = self._sink.getvalue().to_pybytes()
-        self._pq = None
-        self._sink = None
+        try:
+            closed = shard.close()
+            if self._shard_stack is not None:
+                self._shard_stack.close()  # local disk: fsync + rename; S3: the upload completes
+                self._shard_stack = None
+        except BaseException as exc:
+            self._broken = exc
+            self._discard_shard(exc)
+            raise ArchiveStateError(
+                f"writing shard {self._shard_key} of {self.prefix!r} failed: {exc!r}; "
+                "abort and write the archive again",
+                prefix=self.prefix,
+            ) from exc
+        entry = ShardEntry(
+            key=self._shard_key,
+            bytes=closed.size,
+            sha256=closed.sha256,
+            records=closed.records,
+            row_groups=len(closed.spans),
+            footer_offset=closed.footer_offset,
+            footer_bytes=len(closed.footer),
+        )
+        buffer = self._shard_buffer
+        self._shard = None
+        self._shard_buffer = None
         self._encoded_bytes = 0
         self._shard_payload_bytes = 0
-        footer_len = int.from_bytes(data[-8:-4], "little")
-        footer_offset = len(data) - 8 - footer_len
-        footer = data[footer_offset : footer_offset + footer_len]
-        metadata = pq.read_metadata(pa.BufferReader(data))
-        view = memoryview(data)
-        spans = [
-            RowGroupSpan(offset, length, hashlib.sha256(view[offset : offset + length]).hexdigest())
-            for offset, length in row_group_spans(metadata)
-        ]
-        entry = ShardEntry(
-            key=shard_name(self.writer_id, self._seq),
-            bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-            records=int(metadata.num_rows),
-            row_groups=int(metadata.num_row_groups),
-            footer_offset=footer_offset,
-            footer_bytes=footer_len,
-        )
-        self._seq += 1
-        self._pending = _EncodedShard(entry, data, self._shard_row_groups, spans, footer)
-        self._shard_row_groups = []
+        if buffer is None:
+            self._shard_uploaded(entry, closed)
+        else:
+            data = buffer.getvalue()
+            buffer.close()
+            self._pending = _EncodedShard(entry, data, closed.row_groups, closed.spans, closed.footer)
+
+    def _shard_uploaded(self, entry: ShardEntry, shard: ClosedShard | _EncodedShard) -> None:
+        self._shards.append(entry)
+        self._shard_meta.append((shard.spans, shard.footer))
+        self._index_add(shard.row_groups, shard.spans)
 
     def _upload_pending(self) -> None:
         """Upload the encoded shard; on failure it stays pending and the next call retries it."""
@@ -449,10 +618,8 @@ class ArchiveWriter:
         if pending is None:
             return
         self.store.put(join_key(self.prefix, pending.entry.key), pending.data)
-        self._shards.append(pending.entry)
-        self._shard_meta.append((pending.spans, pending.footer))
         self._pending = None
-        self._index_add(pending.row_groups, pending.spans)
+        self._shard_uploaded(pending.entry, pending)
 
     # -- the member index (one streamed object) ---------------------------------------------
     @property
@@ -626,13 +793,8 @@ class ArchiveWriter:
         with contextlib.suppress(ArchiveStateError):
             self._sync()
         self._shutdown()
-        if self._pq is not None:
-            self._pq.close()
-        self._pq = None
-        self._sink = None
-        self._encoded_bytes = 0
+        self._discard_shard(ArchiveStateError("aborted", prefix=self.prefix))
         self._pending = None
-        self._shard_row_groups = []
         for buf in (self._kinds, self._rollout_ids, self._keys, self._payloads):
             buf.clear()
         self._rg_payload_bytes = 0
@@ -667,6 +829,8 @@ def _colliding_positions(hashes: array[int]) -> list[int]:
     n = len(hashes)
     if n < 2:
         return []
+    import pyarrow.compute as pc  # loaded only here: the writer needs it at commit alone
+
     values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(hashes)])
     ordered = values.take(pc.sort_indices(values))
     equal = pc.equal(ordered.slice(1), ordered.slice(0, n - 1))

@@ -1,0 +1,165 @@
+"""One shard being encoded: Parquet row groups streamed through SHA-256 into a sink.
+
+The sink is either an in-memory buffer (uploaded with one ``put`` when the shard is closed) or a
+store's streaming writer (``ObjectStore.open_write``: a temp file on local disk, a multipart
+upload on S3), so that the writer's memory does not grow with the shard size. Either way every
+byte is hashed once, on its way out: the whole shard's SHA-256, and per row group the SHA-256 of
+exactly the bytes ``ParquetWriter.write_table`` produced for it (a row group's byte range, which
+the member index records for one-GET lookups). The footer bytes are captured as they pass, so
+nothing is read back.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import io
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._index import RowGroupSpan, metadata_from_footer, row_group_spans
+from ._schema import (
+    INDEX_MEMBER_COLUMNS,
+    SHARD_DICTIONARY_COLUMNS,
+    SHARD_SCHEMA,
+    SHARD_STATISTICS_COLUMNS,
+)
+
+__all__ = ["ClosedShard", "ShardStream"]
+
+_PARQUET_MAGIC = b"PAR1"
+_FLUSH_BYTES = 2 << 20
+
+
+class _HashingSink(io.RawIOBase):
+    """Write-through file: counts and hashes every byte (whole object and current segment)."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        super().__init__()
+        self._inner = inner
+        self._sha = hashlib.sha256()
+        self._segment: Any = None
+        self._tail: bytearray | None = None
+        self.bytes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._inner.write(view)
+        self._sha.update(view)
+        if self._segment is not None:
+            self._segment.update(view)
+        if self._tail is not None:
+            self._tail += view
+        self.bytes += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self.bytes
+
+    def begin_segment(self) -> int:
+        self._segment = hashlib.sha256()
+        return self.bytes
+
+    def end_segment(self, start: int) -> RowGroupSpan:
+        digest = self._segment.hexdigest()
+        self._segment = None
+        return RowGroupSpan(start, self.bytes - start, digest)
+
+    def capture_tail(self) -> None:
+        self._tail = bytearray()
+
+    def tail(self) -> bytes:
+        return bytes(self._tail or b"")
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+@dataclass
+class ClosedShard:
+    """What the manifest and the index need of a closed shard."""
+
+    size: int
+    sha256: str
+    records: int
+    row_groups: list[pa.Table]  # member columns of each row group (for the index)
+    spans: list[RowGroupSpan]
+    footer: builtins.bytes
+    footer_offset: int
+
+
+class ShardStream:
+    """Encodes row groups into ``sink`` as they come; :meth:`close` writes the footer."""
+
+    def __init__(self, sink: BinaryIO, zstd_level: int) -> None:
+        self._sink = _HashingSink(sink)
+        # Arrow buffers natively and hands the bytes to Python once per row group (flush): a
+        # Python write per page would take the GIL ~25 times per row group from the encoder
+        # thread, each time waiting for the thread that produces the records.
+        self._out = pa.BufferedOutputStream(pa.PythonFile(self._sink, mode="w"), _FLUSH_BYTES)
+        self._pq = pq.ParquetWriter(
+            self._out,
+            SHARD_SCHEMA,
+            compression="zstd",
+            compression_level=zstd_level,
+            use_dictionary=SHARD_DICTIONARY_COLUMNS,
+            write_statistics=SHARD_STATISTICS_COLUMNS,
+            write_page_index=False,
+        )
+        self._out.flush()  # the leading magic, so that row group 0 starts a segment of its own
+        self.spans: list[RowGroupSpan] = []
+        self.row_groups: list[pa.Table] = []
+        self.records = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes written to the sink so far."""
+        return self._sink.bytes
+
+    def write_row_group(self, table: pa.Table) -> None:
+        start = self._sink.begin_segment()
+        self._pq.write_table(table, row_group_size=max(1, table.num_rows))
+        self._out.flush()
+        self.spans.append(self._sink.end_segment(start))
+        # keep only the (small) member columns for the index; the payload buffers are freed
+        self.row_groups.append(table.select(INDEX_MEMBER_COLUMNS))
+        self.records += table.num_rows
+
+    def close(self) -> ClosedShard:
+        """Write the footer; check that the footer's row groups are the spans hashed."""
+        self._sink.capture_tail()
+        self._pq.close()
+        self._out.flush()
+        tail = self._sink.tail()
+        footer_len = int.from_bytes(tail[-8:-4], "little") if len(tail) >= 8 else -1
+        if tail[-4:] != _PARQUET_MAGIC or footer_len != len(tail) - 8:
+            raise AssertionError("the Parquet writer's footer did not arrive as one tail")
+        footer = tail[:-8]
+        metadata = metadata_from_footer(footer)
+        if [(s.offset, s.length) for s in self.spans] != row_group_spans(metadata) or (
+            metadata.num_rows != self.records
+        ):
+            raise AssertionError("row-group byte ranges differ from the ones hashed while writing")
+        size = self._sink.bytes
+        return ClosedShard(
+            size=size,
+            sha256=self._sink.hexdigest(),
+            records=self.records,
+            row_groups=self.row_groups,
+            spans=self.spans,
+            footer=footer,
+            footer_offset=size - 8 - len(footer),
+        )
+
+    def abandon(self) -> None:
+        """Stop without a footer (the caller discards the sink)."""
+        with contextlib.suppress(Exception):
+            self._pq.close()
+        self.row_groups = []
