@@ -6,96 +6,209 @@ the less common names; everything a framework integration needs is re-exported h
 
 from __future__ import annotations
 
-from .archive import ArchiveReader, ArchiveWriter, ComponentManifest, ManifestRef, MemberRef
-from .control import (
-    PREPARE_ORDER,
-    Capabilities,
-    CheckpointMode,
-    CommitReply,
-    ParticipantControl,
-    ParticipantKind,
-    ParticipantStatus,
-    Phase,
-    PrepareReport,
-    RestoreReply,
-    ResumeReply,
-    UnsafeEffect,
-)
-from .coordinator import (
-    CheckpointCancelledError,
-    CheckpointNotReadyError,
-    CheckpointOutcome,
-    Coordinator,
-    RestoreFailedError,
-    RestoreOutcome,
-)
-from .errors import (
-    AdmissionClosedError,
-    CheckpointConflictError,
-    CheckpointError,
-    CheckpointNotFoundError,
-    CheckpointRejectedError,
-    ConditionalWriteUnsupportedError,
-    DeadlineExceededError,
-    IdentityConflictError,
-    IntegrityError,
-    InvalidIdentifierError,
-    InvalidPhaseError,
-    InvalidRecordError,
-    ManifestConflictError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    StaleAttemptError,
-    StaleCheckpointError,
-    StoreError,
-    TransientStoreError,
-    UnknownExecutionError,
-    UnsupportedSchemaError,
-    VersionChangedError,
-)
-from .fencing import AttemptFence
-from .ids import ExecutionId, validate_id
-from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, PublishedCheckpoint
-from .participant import Participant
-from .participants import (
-    AgentParticipant,
-    JsonCodec,
-    ModelCall,
-    PolicyModelParticipant,
-    ResourcesParticipant,
-    StateCodec,
-)
-from .records import (
-    AgentBoundaryRecord,
-    CompletedResultRecord,
-    DispatchRecord,
-    GenerationCut,
-    ModelCallLineageRecord,
-    Record,
-    ResourceSnapshotRecord,
-    TokenStoreReceipt,
-)
-from .recovery import RecoveryPlan, RolloutPlan, list_checkpoints, load_checkpoint, verify_checkpoint
-from .registry import LiveExecutionRegistry
-from .retention import GcReport, collect_garbage
-from .store import (
-    CountingStore,
-    LocalStore,
-    MemoryStore,
-    ObjectInfo,
-    ObjectStore,
-    StoreCapabilities,
-    open_store,
-)
-from .tokens import (
-    LineageStore,
-    ObjectStoreTokenStore,
-    TokenEntry,
-    TokenSink,
-    TokenSnapshotReceipt,
-    TokenSource,
-    load_snapshot,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .archive import ArchiveReader, ArchiveWriter, ComponentManifest, ManifestRef, MemberRef
+    from .control import (
+        PREPARE_ORDER,
+        Capabilities,
+        CheckpointMode,
+        CommitReply,
+        ParticipantControl,
+        ParticipantKind,
+        ParticipantStatus,
+        Phase,
+        PrepareReport,
+        RestoreReply,
+        ResumeReply,
+        UnsafeEffect,
+    )
+    from .coordinator import (
+        CheckpointCancelledError,
+        CheckpointNotReadyError,
+        CheckpointOutcome,
+        Coordinator,
+        RestoreFailedError,
+        RestoreOutcome,
+    )
+    from .errors import (
+        AdmissionClosedError,
+        CheckpointConflictError,
+        CheckpointError,
+        CheckpointNotFoundError,
+        CheckpointRejectedError,
+        ConditionalWriteUnsupportedError,
+        DeadlineExceededError,
+        IdentityConflictError,
+        IntegrityError,
+        InvalidIdentifierError,
+        InvalidPhaseError,
+        InvalidRecordError,
+        ManifestConflictError,
+        ObjectExistsError,
+        ObjectNotFoundError,
+        StaleAttemptError,
+        StaleCheckpointError,
+        StoreError,
+        TransientStoreError,
+        UnknownExecutionError,
+        UnsupportedSchemaError,
+        VersionChangedError,
+    )
+    from .fencing import AttemptFence
+    from .ids import ExecutionId, validate_id
+    from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, PublishedCheckpoint
+    from .participant import Participant
+    from .participants import (
+        AgentParticipant,
+        JsonCodec,
+        ModelCall,
+        PolicyModelParticipant,
+        ResourcesParticipant,
+        StateCodec,
+    )
+    from .records import (
+        AgentBoundaryRecord,
+        CompletedResultRecord,
+        DispatchRecord,
+        GenerationCut,
+        ModelCallLineageRecord,
+        Record,
+        ResourceSnapshotRecord,
+        TokenStoreReceipt,
+    )
+    from .recovery import RecoveryPlan, RolloutPlan, list_checkpoints, load_checkpoint, verify_checkpoint
+    from .registry import LiveExecutionRegistry
+    from .retention import GcReport, collect_garbage
+    from .store import (
+        CountingStore,
+        LocalStore,
+        MemoryStore,
+        ObjectInfo,
+        ObjectStore,
+        StoreCapabilities,
+        open_store,
+    )
+    from .tokens import (
+        LineageStore,
+        ObjectStoreTokenStore,
+        TokenEntry,
+        TokenSink,
+        TokenSnapshotReceipt,
+        TokenSource,
+        load_snapshot,
+    )
+
+# Names are imported on first use (PEP 562), so ``import rollout_checkpoint`` loads no
+# submodule: a process that only writes archives pays for pyarrow and pydantic, not for the
+# coordinator, recovery, fsspec or the CLI (s3fs, typer and rich load only where used).
+_EXPORTS: dict[str, str] = {
+    "ArchiveReader": ".archive",
+    "ArchiveWriter": ".archive",
+    "ComponentManifest": ".archive",
+    "ManifestRef": ".archive",
+    "MemberRef": ".archive",
+    "PREPARE_ORDER": ".control",
+    "Capabilities": ".control",
+    "CheckpointMode": ".control",
+    "CommitReply": ".control",
+    "ParticipantControl": ".control",
+    "ParticipantKind": ".control",
+    "ParticipantStatus": ".control",
+    "Phase": ".control",
+    "PrepareReport": ".control",
+    "RestoreReply": ".control",
+    "ResumeReply": ".control",
+    "UnsafeEffect": ".control",
+    "CheckpointCancelledError": ".coordinator",
+    "CheckpointNotReadyError": ".coordinator",
+    "CheckpointOutcome": ".coordinator",
+    "Coordinator": ".coordinator",
+    "RestoreFailedError": ".coordinator",
+    "RestoreOutcome": ".coordinator",
+    "AdmissionClosedError": ".errors",
+    "CheckpointConflictError": ".errors",
+    "CheckpointError": ".errors",
+    "CheckpointNotFoundError": ".errors",
+    "CheckpointRejectedError": ".errors",
+    "ConditionalWriteUnsupportedError": ".errors",
+    "DeadlineExceededError": ".errors",
+    "IdentityConflictError": ".errors",
+    "IntegrityError": ".errors",
+    "InvalidIdentifierError": ".errors",
+    "InvalidPhaseError": ".errors",
+    "InvalidRecordError": ".errors",
+    "ManifestConflictError": ".errors",
+    "ObjectExistsError": ".errors",
+    "ObjectNotFoundError": ".errors",
+    "StaleAttemptError": ".errors",
+    "StaleCheckpointError": ".errors",
+    "StoreError": ".errors",
+    "TransientStoreError": ".errors",
+    "UnknownExecutionError": ".errors",
+    "UnsupportedSchemaError": ".errors",
+    "VersionChangedError": ".errors",
+    "AttemptFence": ".fencing",
+    "ExecutionId": ".ids",
+    "validate_id": ".ids",
+    "AggregateManifest": ".manifests",
+    "GlobalCheckpointRecord": ".manifests",
+    "LatestPointer": ".manifests",
+    "PublishedCheckpoint": ".manifests",
+    "Participant": ".participant",
+    "AgentParticipant": ".participants",
+    "JsonCodec": ".participants",
+    "ModelCall": ".participants",
+    "PolicyModelParticipant": ".participants",
+    "ResourcesParticipant": ".participants",
+    "StateCodec": ".participants",
+    "AgentBoundaryRecord": ".records",
+    "CompletedResultRecord": ".records",
+    "DispatchRecord": ".records",
+    "GenerationCut": ".records",
+    "ModelCallLineageRecord": ".records",
+    "Record": ".records",
+    "ResourceSnapshotRecord": ".records",
+    "TokenStoreReceipt": ".records",
+    "RecoveryPlan": ".recovery",
+    "RolloutPlan": ".recovery",
+    "list_checkpoints": ".recovery",
+    "load_checkpoint": ".recovery",
+    "verify_checkpoint": ".recovery",
+    "LiveExecutionRegistry": ".registry",
+    "GcReport": ".retention",
+    "collect_garbage": ".retention",
+    "CountingStore": ".store",
+    "LocalStore": ".store",
+    "MemoryStore": ".store",
+    "ObjectInfo": ".store",
+    "ObjectStore": ".store",
+    "StoreCapabilities": ".store",
+    "open_store": ".store",
+    "LineageStore": ".tokens",
+    "ObjectStoreTokenStore": ".tokens",
+    "TokenEntry": ".tokens",
+    "TokenSink": ".tokens",
+    "TokenSnapshotReceipt": ".tokens",
+    "TokenSource": ".tokens",
+    "load_snapshot": ".tokens",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 

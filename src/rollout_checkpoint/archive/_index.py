@@ -121,9 +121,9 @@ class _DigestSink(io.RawIOBase):
 
 
 class IndexWriter:
-    """Writer side: streams the member index into ``sink`` (a store ``open_write`` file) shard by
-    shard, hashing and counting the bytes as they pass. It buffers at most ``INDEX_FLUSH_ROWS``
-    rows plus the rows of the shard being added: nothing per member outlives that. The key-value
+    """Writer side: streams the member index into ``sink`` (a store ``open_write`` file) row group
+    by row group, hashing and counting the bytes as they pass. It buffers at most
+    ``INDEX_FLUSH_ROWS`` rows plus one row group: nothing per member outlives that. The key-value
     metadata (row-group spans and footers: per shard and row group, not per member) is handed to
     :meth:`finish` and written into the Parquet footer.
     """
@@ -142,27 +142,32 @@ class IndexWriter:
         self.shards = 0
         self.rows = 0
 
+    def add_row_group(self, shard: int, row_group: int, table: pa.Table, span: RowGroupSpan) -> None:
+        """Add the rows of one row group (``table`` holds its member columns), in write order."""
+        n = table.num_rows
+        cols = [table.column(name) for name in INDEX_MEMBER_COLUMNS]
+        cols += [
+            pa.repeat(pa.scalar(shard, pa.int32()), n),
+            pa.repeat(pa.scalar(row_group, pa.int32()), n),
+            pa.array(range(n), pa.int32()),
+            pa.repeat(pa.scalar(span.offset, pa.int64()), n),
+            pa.repeat(pa.scalar(span.length, pa.int64()), n),
+        ]
+        self._buffer.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
+        self._buffered += n
+        self.rows += n
+        self.shards = max(self.shards, shard + 1)
+        if self._buffered >= INDEX_FLUSH_ROWS:
+            self._flush()
+
     def add_shard(self, row_groups: list[pa.Table], spans: list[RowGroupSpan]) -> None:
-        """Add the next shard: ``row_groups[i]`` holds the member columns of row group ``i``."""
+        """Add the next shard whole: ``row_groups[i]`` holds the member columns of row group ``i``."""
         shard = self.shards
         if len(row_groups) != len(spans):
             raise AssertionError("one span per row group expected")
         for rg, (table, span) in enumerate(zip(row_groups, spans, strict=True)):
-            n = table.num_rows
-            cols = [table.column(name) for name in INDEX_MEMBER_COLUMNS]
-            cols += [
-                pa.repeat(pa.scalar(shard, pa.int32()), n),
-                pa.repeat(pa.scalar(rg, pa.int32()), n),
-                pa.array(range(n), pa.int32()),
-                pa.repeat(pa.scalar(span.offset, pa.int64()), n),
-                pa.repeat(pa.scalar(span.length, pa.int64()), n),
-            ]
-            self._buffer.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
-            self._buffered += n
-            self.rows += n
-        self.shards += 1
-        if self._buffered >= INDEX_FLUSH_ROWS:
-            self._flush()
+            self.add_row_group(shard, rg, table, span)
+        self.shards = shard + 1
 
     def _flush(self) -> None:
         """Write the buffered rows (row groups of at most ``INDEX_ROW_GROUP_ROWS``)."""

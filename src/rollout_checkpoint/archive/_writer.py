@@ -16,9 +16,10 @@ Why it looks like this (measured in archive-perf-notes.md):
 * ``write_columns`` / ``write_records`` append whole batches (the columnar path, ``_bulk``): one
   check per batch, list ``extend``s, JSON by orjson; no per-record model or Arrow call.
 * The member index is one object, streamed (``ObjectStore.open_write``) while the shards are
-  written: each uploaded shard's index rows go straight into it, so no per-member state piles
-  up. What stays for the whole archive is one 64-bit hash per member (8 bytes, for the
-  duplicate check at commit) and, per shard, its row-group spans and Parquet footer.
+  written: each encoded row group's index rows go straight into it, so no per-member state piles
+  up, nor per shard: the writer's memory does not grow with the shard size. What stays for the
+  whole archive is one 64-bit hash per member (8 bytes, for the duplicate check at commit) and,
+  per shard, its row-group spans and Parquet footer.
 * Duplicate members: ``write`` refuses at once a duplicate of a member of the open row group;
   any other duplicate is found at :meth:`ArchiveWriter.commit` (sorted hashes, then an exact
   comparison of the colliding members read back from the index), which then raises
@@ -58,6 +59,7 @@ from ._manifest import (
     utc_now_iso,
 )
 from ._schema import (
+    DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_ROW_GROUP_ROWS,
     DEFAULT_TARGET_SHARD_BYTES,
     DEFAULT_ZSTD_LEVEL,
@@ -68,7 +70,7 @@ from ._schema import (
     join_key,
     shard_name,
 )
-from ._shard import ClosedShard, ShardStream
+from ._shard import ClosedShard, ShardStream, encoding_pool
 
 __all__ = ["ArchiveWriter"]
 
@@ -83,7 +85,6 @@ class _EncodedShard:
 
     entry: ShardEntry
     data: bytes
-    row_groups: list[pa.Table]
     spans: list[RowGroupSpan]
     footer: bytes
 
@@ -128,13 +129,14 @@ class ArchiveWriter:
         instance: str,
         target_shard_bytes: int = DEFAULT_TARGET_SHARD_BYTES,
         row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+        row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
         zstd_level: int = DEFAULT_ZSTD_LEVEL,
         stream_shards: bool | None = None,
     ) -> None:
         if target_shard_bytes < 1:
             raise ValueError("target_shard_bytes must be positive")
-        if row_group_rows < 1:
-            raise ValueError("row_group_rows must be positive")
+        if row_group_rows < 1 or row_group_bytes < 1:
+            raise ValueError("row_group_rows and row_group_bytes must be positive")
         prefix = prefix.strip("/")
         if prefix:
             validate_key(prefix)
@@ -145,9 +147,10 @@ class ArchiveWriter:
         self.instance = validate_id(instance, "instance")
         self.target_shard_bytes = target_shard_bytes
         self.row_group_rows = row_group_rows
-        # Row groups are also cut by bytes, so a few huge records cannot make one row group
-        # (the unit a lookup downloads) as big as the shard.
-        self.row_group_bytes = max(1, target_shard_bytes // 4)
+        # Row groups are also cut by bytes (never above a quarter shard), so a few huge records
+        # cannot make one row group (the unit a lookup downloads, and what the writer holds
+        # while encoding) large.
+        self.row_group_bytes = max(1, min(row_group_bytes, target_shard_bytes // 4))
         self.zstd_level = zstd_level
         self.stream_shards = streams_natively(store) if stream_shards is None else bool(stream_shards)
         self.writer_id = uuid.uuid4().hex
@@ -316,7 +319,7 @@ class ArchiveWriter:
             self._refuse()
         if type(schema_version) is not int or schema_version < 1:
             raise InvalidRecordError(f"schema_version must be a positive int, got {schema_version!r}")
-        batch = check_batch(kind, rollout_ids, attempts, keys, payloads, revisions, refs, self._valid_ids)
+        batch = check_batch(kind, rollout_ids, attempts, keys, payloads, revisions, refs)
         if not batch:
             return
         if not self._rg_seen.isdisjoint(batch.hashes):
@@ -528,12 +531,17 @@ class ArchiveWriter:
 
     def _encode_row_group(self, cols: list[list[Any]]) -> None:
         """Runs on the encoder thread: column lists -> Arrow -> one Parquet row group."""
+        pool = encoding_pool()
         table = pa.Table.from_arrays(
-            [pa.array(col, typ) for col, typ in zip(cols, _SHARD_TYPES, strict=True)], schema=SHARD_SCHEMA
+            [pa.array(col, typ, memory_pool=pool) for col, typ in zip(cols, _SHARD_TYPES, strict=True)],
+            schema=SHARD_SCHEMA,
         )
         shard = self._shard or self._open_shard()
-        shard.write_row_group(table)
+        span = shard.write_row_group(table)
         self._encoded_bytes = shard.bytes
+        # the index rows go out now (the shard's position in the manifest is its sequence
+        # number), so the writer keeps nothing per member of the shard until its upload
+        self._index_add(self._seq - 1, len(shard.spans) - 1, table.select(INDEX_MEMBER_COLUMNS), span)
 
     def _open_shard(self) -> ShardStream:
         """Start the next shard: a stream into its store object, or an in-memory buffer."""
@@ -605,12 +613,11 @@ class ArchiveWriter:
         else:
             data = buffer.getvalue()
             buffer.close()
-            self._pending = _EncodedShard(entry, data, closed.row_groups, closed.spans, closed.footer)
+            self._pending = _EncodedShard(entry, data, closed.spans, closed.footer)
 
     def _shard_uploaded(self, entry: ShardEntry, shard: ClosedShard | _EncodedShard) -> None:
         self._shards.append(entry)
         self._shard_meta.append((shard.spans, shard.footer))
-        self._index_add(shard.row_groups, shard.spans)
 
     def _upload_pending(self) -> None:
         """Upload the encoded shard; on failure it stays pending and the next call retries it."""
@@ -644,14 +651,14 @@ class ArchiveWriter:
             with contextlib.suppress(Exception):
                 stack.__exit__(type(exc), exc, exc.__traceback__)
 
-    def _index_add(self, row_groups: list[pa.Table], spans: list[RowGroupSpan]) -> None:
-        """Stream one uploaded shard's index rows. A failing stream is dropped, not raised: the
-        shard is safely uploaded, and commit rebuilds the index from the uploaded shards."""
+    def _index_add(self, shard: int, row_group: int, table: pa.Table, span: RowGroupSpan) -> None:
+        """Stream one encoded row group's index rows (encoder thread). A failing stream is
+        dropped, not raised: commit rebuilds the index from the uploaded shards."""
         if self._index_stale:
             return
         try:
             writer = self._index_writer or self._open_index()
-            writer.add_shard(row_groups, spans)
+            writer.add_row_group(shard, row_group, table, span)
         except Exception as exc:
             self._index_stale = True
             self._drop_index(exc)
