@@ -32,7 +32,7 @@ from ._schema import (
     footer_meta_key,
 )
 
-__all__ = ["IndexWriter", "MemberIndex", "MemberRef", "RowGroupSpan", "index_metadata"]
+__all__ = ["IndexWriter", "MemberIndex", "MemberRef", "RowGroupSpan", "compute", "index_metadata"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,11 +209,25 @@ def index_metadata(spans: list[list[RowGroupSpan]], footers: list[bytes]) -> dic
     return meta
 
 
-class MemberIndex:
-    """Reader side: the parsed index of one archive (built from digest-checked bytes)."""
+def compute(name: str, *args: Any, options: Any = None) -> Any:
+    """Call an Arrow compute kernel by name. ``pyarrow.compute`` re-exports ``call_function``
+    from ``pyarrow._compute``; importing only the latter skips generating a Python wrapper for
+    every kernel (about 30-80 ms and 2 MiB), which a cold lookup would otherwise pay."""
+    from pyarrow._compute import call_function
 
-    def __init__(self, table: pa.Table, spans: list[list[RowGroupSpan]], footers: list[bytes]) -> None:
-        self.table = table
+    return call_function(name, list(args), options)
+
+
+class MemberIndex:
+    """Reader side: the parsed index of one archive (built from digest-checked bytes).
+
+    Columns are decoded on first use: a cold lookup decodes the identity columns only, never
+    ``refs`` (the largest)."""
+
+    def __init__(self, pf: pq.ParquetFile, spans: list[list[RowGroupSpan]], footers: list[bytes]) -> None:
+        self._pf = pf
+        self._columns: dict[str, pa.ChunkedArray] = {}
+        self._table: pa.Table | None = None
         self.spans = spans
         self._footers = footers
         self._metadata: dict[int, pq.FileMetaData] = {}
@@ -225,7 +239,7 @@ class MemberIndex:
         """Parse index bytes; ``InvalidRecordError`` when they do not describe ``shard_count`` shards."""
         try:
             pf = pq.ParquetFile(pa.BufferReader(data))
-            table = pf.read(use_threads=False)
+            schema = pf.schema_arrow
             # file key-value metadata: the writer adds it when it closes the index (it is not in
             # the Arrow schema stored at the start of the stream)
             meta = pf.metadata.metadata or {}
@@ -244,13 +258,33 @@ class MemberIndex:
             raise InvalidRecordError(
                 f"member index describes {len(spans)} shards, the manifest {shard_count}"
             )
-        if not table.schema.remove_metadata().equals(INDEX_SCHEMA):
+        if not schema.remove_metadata().equals(INDEX_SCHEMA):
             raise InvalidRecordError("member index columns do not match the index schema")
-        return cls(table, spans, footers)
+        return cls(pf, spans, footers)
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        """One index column, decoded once."""
+        col = self._columns.get(name)
+        if col is None:
+            try:
+                col = self._pf.read(columns=[name], use_threads=False).column(0)
+            except (pa.ArrowException, OSError) as exc:
+                raise InvalidRecordError(f"member index column {name!r} is not readable: {exc}") from None
+            self._columns[name] = col
+        return col
+
+    @property
+    def table(self) -> pa.Table:
+        """Every column (decoded on first use)."""
+        if self._table is None:
+            self._table = pa.Table.from_arrays(
+                [self.column(name) for name in INDEX_SCHEMA.names], schema=INDEX_SCHEMA
+            )
+        return self._table
 
     @property
     def rows(self) -> int:
-        return int(self.table.num_rows)
+        return int(self._pf.metadata.num_rows)
 
     def footer_metadata(self, shard: int) -> pq.FileMetaData:
         """Parsed footer of ``shard`` (cached: parsing costs ~0.1 ms per row group)."""
@@ -263,49 +297,45 @@ class MemberIndex:
     def counts(self) -> dict[str, int]:
         """Members per kind."""
         out: dict[str, int] = {}
-        for row in self.table["kind"].value_counts().to_pylist():
+        for row in compute("value_counts", self.column("kind")).to_pylist():
             out[str(row["values"])] = int(row["counts"])
         return out
 
     def shards_with(self, kind: str | None) -> set[int]:
         """Shards that hold at least one member of ``kind`` (all shards that hold any when None)."""
-        import pyarrow.compute as pc
-
-        col = (
-            self.table["shard"]
-            if kind is None
-            else self.table.filter(pc.equal(self.table["kind"], kind))["shard"]
-        )
-        return {int(v) for v in pc.unique(col).to_pylist()}
+        col = self.column("shard")
+        if kind is not None:
+            col = compute("filter", col, compute("equal", self.column("kind"), pa.scalar(kind)))
+        return {int(v) for v in compute("unique", col).to_pylist()}
 
     def position(self, kind: str, rollout_id: str, attempt: int, key: str) -> int | None:
-        """Row of the member in :attr:`table`: the first lookups scan the columns in Arrow (no
-        Python object per member, so a cold lookup stays cheap); after
-        ``_SCAN_LOOKUPS`` of them a dict of every member is built, then each lookup is O(1)."""
+        """Row of the member: the first lookups scan the identity columns in Arrow (no Python
+        object per member, so a cold lookup stays cheap); after ``_SCAN_LOOKUPS`` of them a
+        dict of every member is built, then each lookup is O(1)."""
         if self._positions is None and self._lookups < _SCAN_LOOKUPS:
             self._lookups += 1
-            import pyarrow.compute as pc
-
-            table = self.table
-            mask = pc.and_(
-                pc.and_(pc.equal(table["rollout_id"], rollout_id), pc.equal(table["key"], key)),
-                pc.and_(pc.equal(table["kind"], kind), pc.equal(table["attempt"], attempt)),
-            )
-            rows = pc.indices_nonzero(mask)
+            mask = compute("equal", self.column("rollout_id"), pa.scalar(rollout_id))
+            for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
+                mask = compute("and", mask, compute("equal", self.column(name), pa.scalar(value)))
+            rows = compute("indices_nonzero", mask)
             return int(rows[0].as_py()) if len(rows) else None
         if self._positions is None:
-            cols = [self.table[name].to_pylist() for name in ("kind", "rollout_id", "attempt", "key")]
+            cols = [self.column(name).to_pylist() for name in ("kind", "rollout_id", "attempt", "key")]
             self._positions = {ident: i for i, ident in enumerate(zip(*cols, strict=True))}
         return self._positions.get((kind, rollout_id, attempt, key))
 
+    def locate(self, position: int) -> tuple[int, int, int]:
+        """(shard, row group, row) of the member at ``position``."""
+        return tuple(int(self.column(name)[position].as_py()) for name in ("shard", "row_group", "row"))  # type: ignore[return-value]
+
     def member_at(self, position: int) -> MemberRef:
-        row = self.table.slice(position, 1).to_pylist()[0]
+        row = {name: self.column(name)[position].as_py() for name in INDEX_SCHEMA.names}
         return _member(row)
 
     def members(self, kind: str | None = None, batch_rows: int = 4096) -> Iterator[MemberRef]:
-        import pyarrow.compute as pc
-
-        table = self.table if kind is None else self.table.filter(pc.equal(self.table["kind"], kind))
+        table = self.table
+        if kind is not None:
+            table = compute("filter", table, compute("equal", table["kind"], pa.scalar(kind)))
         for batch in table.to_batches(max_chunksize=batch_rows):
             for row in batch.to_pylist():
                 yield _member(row)

@@ -21,7 +21,7 @@ from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..records import Record, decode_record
 from ..store import ObjectStore
 from ._errors import MemberNotFoundError
-from ._index import MemberIndex, MemberRef
+from ._index import MemberIndex, MemberRef, compute
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
 from ._schema import MANIFEST_NAME, SHARD_SCHEMA, join_key
 
@@ -294,9 +294,7 @@ class ArchiveReader:
                 # lazily started CPU pool can abort the process at interpreter exit (apache/arrow#34314)
                 table = pf.read_row_group(rg, columns=columns, use_threads=False)
                 if kind is not None:
-                    import pyarrow.compute as pc
-
-                    table = table.filter(pc.equal(table["kind"], kind))
+                    table = compute("filter", table, compute("equal", table["kind"], pa.scalar(kind)))
                 yield table, key
 
     def iter_raw(self, kind: str | None = None) -> Iterator[RawRecord]:
@@ -337,25 +335,23 @@ class ArchiveReader:
                 attempt=attempt,
                 key=key,
             )
-        ref = index.member_at(pos)
-        shard = self.manifest.shards[ref.shard]
-        span = index.spans[ref.shard][ref.row_group]
+        shard_no, row_group, row = index.locate(pos)
+        shard = self.manifest.shards[shard_no]
+        span = index.spans[shard_no][row_group]
         shard_key = self.key_of(shard.key)
         try:
             data = self.store.get_range(shard_key, span.offset, span.offset + span.length)
         except ObjectNotFoundError:
-            raise _missing(shard_key, f"shard {ref.shard}") from None
-        check_bytes(
-            shard_key, data, span.length, span.sha256, f"row group {ref.row_group} of shard {ref.shard}"
-        )
+            raise _missing(shard_key, f"shard {shard_no}") from None
+        check_bytes(shard_key, data, span.length, span.sha256, f"row group {row_group} of shard {shard_no}")
         pf = pq.ParquetFile(
-            _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(ref.shard)
+            _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(shard_no)
         )
         try:
-            table = pf.read_row_group(ref.row_group, use_threads=False).slice(ref.row, 1)
+            table = pf.read_row_group(row_group, use_threads=False).slice(row, 1)
         except (pa.ArrowException, OSError) as exc:
             raise IntegrityError(
-                f"{shard_key}: row group {ref.row_group} cannot be decoded: {exc}",
+                f"{shard_key}: row group {row_group} cannot be decoded: {exc}",
                 key=shard_key,
                 problem="invalid",
             ) from None

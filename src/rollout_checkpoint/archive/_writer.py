@@ -49,7 +49,7 @@ from ..records import RECORD_SCHEMA_VERSION, Record
 from ..store import DelegatingStore, LocalStore, ObjectStore
 from ._bulk import ID_CACHE_LIMIT, MAX_MEMBER_KEY, Batch, Field, check_batch, encode_records, encode_refs
 from ._errors import ArchiveStateError
-from ._index import IndexWriter, RowGroupSpan
+from ._index import IndexWriter, RowGroupSpan, compute
 from ._manifest import (
     ComponentManifest,
     IndexEntry,
@@ -836,12 +836,13 @@ def _colliding_positions(hashes: array[int]) -> list[int]:
     n = len(hashes)
     if n < 2:
         return []
-    import pyarrow.compute as pc  # loaded only here: the writer needs it at commit alone
-
     values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(hashes)])
-    ordered = values.take(pc.sort_indices(values))
-    equal = pc.equal(ordered.slice(1), ordered.slice(0, n - 1))
-    if not pc.any(equal).as_py():
+    ordered = compute("take", values, compute("sort_indices", values))
+    equal = compute("equal", ordered.slice(1), ordered.slice(0, n - 1))
+    if not compute("any", equal).as_py():
         return []
-    colliding = pc.unique(ordered.slice(1).filter(equal))
-    return [int(p) for p in pc.indices_nonzero(pc.is_in(values, value_set=colliding)).to_pylist()]
+    colliding = compute("unique", compute("filter", ordered.slice(1), equal))
+    from pyarrow._compute import SetLookupOptions
+
+    in_set = compute("is_in", values, options=SetLookupOptions(colliding))
+    return [int(p) for p in compute("indices_nonzero", in_set).to_pylist()]
