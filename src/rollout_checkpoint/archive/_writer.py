@@ -501,20 +501,28 @@ class ArchiveWriter:
         return cols
 
     def _flush_row_group(self) -> None:
-        """Encode the open row group on the encoder thread (one in flight at most).
-
-        Building Arrow arrays and zstd-encoding releases the GIL for most of its time, so the
-        caller keeps appending records on one core while the row group is encoded on another.
-        """
+        """Build the open row group's Arrow columns (here: that needs the GIL) and encode them on
+        the encoder thread (one in flight at most), which runs Parquet encoding, zstd and the
+        digests without the GIL while the caller keeps appending records."""
         if not self._payloads:
             return
-        self._sync()
         cols = self._take_row_group()
+        pool = encoding_pool()
+        try:
+            table = pa.Table.from_arrays(
+                [pa.array(col, typ, memory_pool=pool) for col, typ in zip(cols, _SHARD_TYPES, strict=True)],
+                schema=SHARD_SCHEMA,
+            )
+        except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+            self._broken = exc
+            raise ArchiveStateError(f"encoding a row group failed: {exc!r}", prefix=self.prefix) from exc
+        del cols
+        self._sync()
         self._inflight_bytes = self._rg_payload_bytes
         self._rg_payload_bytes = 0
         if self._encoder is None:
             self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
-        self._job = self._encoder.submit(self._encode_row_group, cols)
+        self._job = self._encoder.submit(self._encode_row_group, table)
 
     def _sync(self) -> None:
         """Wait for the row group being encoded; an encoding failure breaks the writer."""
@@ -529,13 +537,8 @@ class ArchiveWriter:
             self._broken = exc
             raise ArchiveStateError(f"encoding a row group failed: {exc!r}", prefix=self.prefix) from exc
 
-    def _encode_row_group(self, cols: list[list[Any]]) -> None:
-        """Runs on the encoder thread: column lists -> Arrow -> one Parquet row group."""
-        pool = encoding_pool()
-        table = pa.Table.from_arrays(
-            [pa.array(col, typ, memory_pool=pool) for col, typ in zip(cols, _SHARD_TYPES, strict=True)],
-            schema=SHARD_SCHEMA,
-        )
+    def _encode_row_group(self, table: pa.Table) -> None:
+        """Runs on the encoder thread: one Parquet row group, and its index rows."""
         shard = self._shard or self._open_shard()
         span = shard.write_row_group(table)
         self._encoded_bytes = shard.bytes
