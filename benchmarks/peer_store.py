@@ -136,8 +136,8 @@ def _refs(rec: dict[str, Any]) -> dict[str, Any]:
 def sdk_lookup(target: str, endpoint: str | None, n: int) -> tuple[float, dict[str, Any]]:
     from rollout_checkpoint.archive import ArchiveReader
 
+    store = _sdk_store(target, endpoint)  # imports the backend; sends no request
     start = time.perf_counter()
-    store = _sdk_store(target, endpoint)
     reader = ArchiveReader.open(store, _sdk_prefix())
     i = n // 2
     rec = reader.get(KIND, f"rollout-{i:07d}", 0, f"{i % 17 + 1:08d}")
@@ -148,8 +148,9 @@ def sdk_lookup(target: str, endpoint: str | None, n: int) -> tuple[float, dict[s
 def sdk_read_all(target: str, endpoint: str | None) -> tuple[float, int]:
     from rollout_checkpoint.archive import ArchiveReader
 
+    store = _sdk_store(target, endpoint)  # imports the backend; sends no request
     start = time.perf_counter()
-    reader = ArchiveReader.open(_sdk_store(target, endpoint), _sdk_prefix())
+    reader = ArchiveReader.open(store, _sdk_prefix())
     count = 0
     for _ in reader.iter_dicts(KIND):
         count += 1

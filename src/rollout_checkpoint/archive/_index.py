@@ -128,7 +128,7 @@ class IndexWriter:
     :meth:`finish` and written into the Parquet footer.
     """
 
-    def __init__(self, sink: BinaryIO, zstd_level: int) -> None:
+    def __init__(self, sink: BinaryIO, zstd_level: int, memory_pool: pa.MemoryPool | None = None) -> None:
         self._sink = _DigestSink(sink)
         self._pq = pq.ParquetWriter(
             self._sink,
@@ -136,6 +136,7 @@ class IndexWriter:
             compression="zstd",
             compression_level=zstd_level,
             write_statistics=INDEX_STATISTICS_COLUMNS,
+            memory_pool=memory_pool,
         )
         self._buffer: list[pa.Table] = []
         self._buffered = 0

@@ -117,7 +117,9 @@ class ShardStream:
         # Arrow buffers natively and hands the bytes to Python once per row group (flush): a
         # Python write per page would take the GIL ~25 times per row group from the encoder
         # thread, each time waiting for the thread that produces the records.
-        self._out = pa.BufferedOutputStream(pa.PythonFile(self._sink, mode="w"), _FLUSH_BYTES)
+        self._out = pa.BufferedOutputStream(
+            pa.PythonFile(self._sink, mode="w"), _FLUSH_BYTES, memory_pool=encoding_pool()
+        )
         self._pq = pq.ParquetWriter(
             self._out,
             SHARD_SCHEMA,

@@ -640,7 +640,7 @@ class ArchiveWriter:
         stack = contextlib.ExitStack()
         sink = stack.enter_context(self.store.open_write(self._index_key))
         self._index_stream = stack
-        self._index_writer = IndexWriter(sink, self.zstd_level)
+        self._index_writer = IndexWriter(sink, self.zstd_level, encoding_pool())
         return self._index_writer
 
     def _drop_index(self, exc: BaseException) -> None:
