@@ -32,7 +32,9 @@ from ._schema import (
 __all__ = ["ClosedShard", "ShardStream", "encoding_pool"]
 
 _PARQUET_MAGIC = b"PAR1"
-_FLUSH_BYTES = 1 << 20
+_BUFFER_BYTES = 2 << 20
+"""Native buffer of encoded bytes: a row group (at most ``row_group_bytes`` of payload, 1 MiB by
+default) normally fits, compressed, so it reaches Python in one piece."""
 
 
 @functools.cache
@@ -114,11 +116,12 @@ class ShardStream:
 
     def __init__(self, sink: BinaryIO, zstd_level: int) -> None:
         self._sink = _HashingSink(sink)
-        # Arrow buffers natively and hands the bytes to Python once per row group (flush): a
-        # Python write per page would take the GIL ~25 times per row group from the encoder
-        # thread, each time waiting for the thread that produces the records.
+        # Arrow encodes into a native buffer; the bytes reach Python (hash, store stream) only in
+        # :meth:`finish_row_group`, which the writer calls on its own thread. The encoder thread
+        # thus runs ``write_table`` without touching Python objects: a Python write per page
+        # would take the GIL ~25 times per row group, each time waiting for the caller's thread.
         self._out = pa.BufferedOutputStream(
-            pa.PythonFile(self._sink, mode="w"), _FLUSH_BYTES, memory_pool=encoding_pool()
+            pa.PythonFile(self._sink, mode="w"), _BUFFER_BYTES, memory_pool=encoding_pool()
         )
         self._pq = pq.ParquetWriter(
             self._out,
@@ -131,26 +134,42 @@ class ShardStream:
             memory_pool=encoding_pool(),
         )
         self._out.flush()  # the leading magic, so that row group 0 starts a segment of its own
+        self._start = self._sink.begin_segment()
+        self._pending_rows = 0
         self.spans: list[RowGroupSpan] = []
         self.records = 0
 
     @property
     def bytes(self) -> int:
-        """Bytes written to the sink so far."""
-        return self._sink.bytes
+        """Bytes encoded so far (handed to the sink or still in the native buffer)."""
+        return int(self._out.tell())
+
+    def encode_row_group(self, table: pa.Table) -> None:
+        """Encode one row group (any thread; the GIL is released while Arrow works). Bytes that
+        do not fit the native buffer go to the sink now, so only one thread may use this
+        stream at a time; :meth:`finish_row_group` must follow before the next row group."""
+        self._pq.write_table(table, row_group_size=max(1, table.num_rows))
+        self._pending_rows = table.num_rows
+
+    def finish_row_group(self) -> RowGroupSpan:
+        """Hand the encoded row group to the sink; its byte range and SHA-256 (segments run
+        from one row-group boundary to the next, so bytes passed on early are covered too)."""
+        self._out.flush()
+        span = self._sink.end_segment(self._start)
+        self._start = self._sink.begin_segment()
+        self.spans.append(span)
+        self.records += self._pending_rows
+        self._pending_rows = 0
+        return span
 
     def write_row_group(self, table: pa.Table) -> RowGroupSpan:
-        """Encode one row group; its byte range and digest (also kept in :attr:`spans`)."""
-        start = self._sink.begin_segment()
-        self._pq.write_table(table, row_group_size=max(1, table.num_rows))
-        self._out.flush()
-        span = self._sink.end_segment(start)
-        self.spans.append(span)
-        self.records += table.num_rows
-        return span
+        """:meth:`encode_row_group` then :meth:`finish_row_group`, on one thread."""
+        self.encode_row_group(table)
+        return self.finish_row_group()
 
     def close(self) -> ClosedShard:
         """Write the footer; check that the footer's row groups are the spans hashed."""
+        self._sink.end_segment(self._start)
         self._sink.capture_tail()
         self._pq.close()
         self._out.close()  # flushes; closes the hashing sink, never the store stream under it

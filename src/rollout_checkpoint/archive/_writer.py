@@ -170,6 +170,7 @@ class ArchiveWriter:
         self._shard_payload_bytes = 0  # uncompressed payload bytes of the open shard
         self._encoder: ThreadPoolExecutor | None = None
         self._job: Future[None] | None = None
+        self._job_members: pa.Table | None = None  # index columns of the row group being encoded
         self._broken: BaseException | None = None
 
         # the open shard: its encoder and where its bytes go (a store stream or a buffer)
@@ -518,33 +519,46 @@ class ArchiveWriter:
             raise ArchiveStateError(f"encoding a row group failed: {exc!r}", prefix=self.prefix) from exc
         del cols
         self._sync()
+        shard = self._shard
+        if shard is None:
+            try:
+                shard = self._open_shard()
+            except BaseException as exc:  # the row group's records are taken: the writer is broken
+                self._broken = exc
+                raise ArchiveStateError(
+                    f"opening a shard of {self.prefix!r} failed: {exc!r}; abort and write the archive again",
+                    prefix=self.prefix,
+                ) from exc
         self._inflight_bytes = self._rg_payload_bytes
         self._rg_payload_bytes = 0
         if self._encoder is None:
             self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
-        self._job = self._encoder.submit(self._encode_row_group, table)
+        self._job = self._encoder.submit(shard.encode_row_group, table)
+        self._job_members = table.select(INDEX_MEMBER_COLUMNS)
 
     def _sync(self) -> None:
-        """Wait for the row group being encoded; an encoding failure breaks the writer."""
+        """Wait for the row group being encoded, then hand its bytes to the shard's sink and its
+        index rows to the index (here, on the caller's thread: the encoder thread never needs
+        the GIL). An encoding or store failure breaks the writer."""
         job = self._job
         if job is None:
             return
         self._job = None
         self._inflight_bytes = 0
+        members, self._job_members = self._job_members, None
+        shard = self._shard
         try:
             job.result()
+            if shard is None or members is None:
+                raise AssertionError("a row group was encoded with no open shard")
+            span = shard.finish_row_group()
         except BaseException as exc:
             self._broken = exc
             raise ArchiveStateError(f"encoding a row group failed: {exc!r}", prefix=self.prefix) from exc
-
-    def _encode_row_group(self, table: pa.Table) -> None:
-        """Runs on the encoder thread: one Parquet row group, and its index rows."""
-        shard = self._shard or self._open_shard()
-        span = shard.write_row_group(table)
         self._encoded_bytes = shard.bytes
         # the index rows go out now (the shard's position in the manifest is its sequence
         # number), so the writer keeps nothing per member of the shard until its upload
-        self._index_add(self._seq - 1, len(shard.spans) - 1, table.select(INDEX_MEMBER_COLUMNS), span)
+        self._index_add(self._seq - 1, len(shard.spans) - 1, members, span)
 
     def _open_shard(self) -> ShardStream:
         """Start the next shard: a stream into its store object, or an in-memory buffer."""
