@@ -32,7 +32,7 @@ from ._schema import (
 __all__ = ["ClosedShard", "ShardStream", "encoding_pool"]
 
 _PARQUET_MAGIC = b"PAR1"
-_BUFFER_BYTES = 2 << 20
+_BUFFER_BYTES = 1 << 20
 """Native buffer of encoded bytes: a row group (at most ``row_group_bytes`` of payload, 1 MiB by
 default) normally fits, compressed, so it reaches Python in one piece."""
 
