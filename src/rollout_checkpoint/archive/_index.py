@@ -143,16 +143,17 @@ class IndexWriter:
         self.shards = 0
         self.rows = 0
 
-    def add_row_group(self, shard: int, row_group: int, table: pa.Table, span: RowGroupSpan) -> None:
-        """Add the rows of one row group (``table`` holds its member columns), in write order."""
+    def add_row_group(self, shard: int, row_group: int, table: pa.Table, offset: int, length: int) -> None:
+        """Add the rows of one row group (``table`` holds its member columns) at byte range
+        ``[offset, offset + length)`` of its shard, in write order."""
         n = table.num_rows
         cols = [table.column(name) for name in INDEX_MEMBER_COLUMNS]
         cols += [
             pa.repeat(pa.scalar(shard, pa.int32()), n),
             pa.repeat(pa.scalar(row_group, pa.int32()), n),
             pa.array(range(n), pa.int32()),
-            pa.repeat(pa.scalar(span.offset, pa.int64()), n),
-            pa.repeat(pa.scalar(span.length, pa.int64()), n),
+            pa.repeat(pa.scalar(offset, pa.int64()), n),
+            pa.repeat(pa.scalar(length, pa.int64()), n),
         ]
         self._buffer.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
         self._buffered += n
@@ -167,7 +168,7 @@ class IndexWriter:
         if len(row_groups) != len(spans):
             raise AssertionError("one span per row group expected")
         for rg, (table, span) in enumerate(zip(row_groups, spans, strict=True)):
-            self.add_row_group(shard, rg, table, span)
+            self.add_row_group(shard, rg, table, span.offset, span.length)
         self.shards = shard + 1
 
     def _flush(self) -> None:

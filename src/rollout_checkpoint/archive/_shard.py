@@ -135,7 +135,8 @@ class ShardStream:
         )
         self._out.flush()  # the leading magic, so that row group 0 starts a segment of its own
         self._start = self._sink.begin_segment()
-        self._pending_rows = 0
+        self._encoded: list[tuple[int, int, int]] = []  # (offset, length, rows) awaiting finish
+        self.encoded_row_groups = 0
         self.spans: list[RowGroupSpan] = []
         self.records = 0
 
@@ -144,12 +145,16 @@ class ShardStream:
         """Bytes encoded so far (handed to the sink or still in the native buffer)."""
         return int(self._out.tell())
 
-    def encode_row_group(self, table: pa.Table) -> None:
-        """Encode one row group (any thread; the GIL is released while Arrow works). Bytes that
-        do not fit the native buffer go to the sink now, so only one thread may use this
-        stream at a time; :meth:`finish_row_group` must follow before the next row group."""
+    def encode_row_group(self, table: pa.Table) -> tuple[int, int]:
+        """Encode one row group (any thread; the GIL is released while Arrow works); its byte
+        range. Bytes that do not fit the native buffer go to the sink now, so only one thread
+        may use this stream at a time; :meth:`finish_row_group` must follow before the next."""
+        start = int(self._out.tell())
         self._pq.write_table(table, row_group_size=max(1, table.num_rows))
-        self._pending_rows = table.num_rows
+        length = int(self._out.tell()) - start
+        self._encoded.append((start, length, table.num_rows))
+        self.encoded_row_groups += 1
+        return start, length
 
     def finish_row_group(self) -> RowGroupSpan:
         """Hand the encoded row group to the sink; its byte range and SHA-256 (segments run
@@ -157,9 +162,11 @@ class ShardStream:
         self._out.flush()
         span = self._sink.end_segment(self._start)
         self._start = self._sink.begin_segment()
+        offset, length, rows = self._encoded.pop(0)
+        if (span.offset, span.length) != (offset, length):
+            raise AssertionError("the bytes handed on differ from the row group's encoded range")
         self.spans.append(span)
-        self.records += self._pending_rows
-        self._pending_rows = 0
+        self.records += rows
         return span
 
     def write_row_group(self, table: pa.Table) -> RowGroupSpan:

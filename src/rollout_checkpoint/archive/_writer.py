@@ -170,7 +170,6 @@ class ArchiveWriter:
         self._shard_payload_bytes = 0  # uncompressed payload bytes of the open shard
         self._encoder: ThreadPoolExecutor | None = None
         self._job: Future[None] | None = None
-        self._job_members: pa.Table | None = None  # index columns of the row group being encoded
         self._broken: BaseException | None = None
 
         # the open shard: its encoder and where its bytes go (a store stream or a buffer)
@@ -503,8 +502,9 @@ class ArchiveWriter:
 
     def _flush_row_group(self) -> None:
         """Build the open row group's Arrow columns (here: that needs the GIL) and encode them on
-        the encoder thread (one in flight at most), which runs Parquet encoding, zstd and the
-        digests without the GIL while the caller keeps appending records."""
+        the encoder thread (one in flight at most), which runs Parquet encoding and zstd without
+        the GIL while the caller keeps appending records; it also frees the row group's Python
+        objects and streams its index rows (see :meth:`_encode_job`)."""
         if not self._payloads:
             return
         cols = self._take_row_group()
@@ -517,7 +517,6 @@ class ArchiveWriter:
         except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
             self._broken = exc
             raise ArchiveStateError(f"encoding a row group failed: {exc!r}", prefix=self.prefix) from exc
-        del cols
         self._sync()
         shard = self._shard
         if shard is None:
@@ -533,32 +532,37 @@ class ArchiveWriter:
         self._rg_payload_bytes = 0
         if self._encoder is None:
             self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
-        self._job = self._encoder.submit(shard.encode_row_group, table)
-        self._job_members = table.select(INDEX_MEMBER_COLUMNS)
+        self._job = self._encoder.submit(self._encode_job, shard, self._seq - 1, table, cols)
+        del cols, table  # the job holds them now (and frees them)
 
     def _sync(self) -> None:
-        """Wait for the row group being encoded, then hand its bytes to the shard's sink and its
-        index rows to the index (here, on the caller's thread: the encoder thread never needs
-        the GIL). An encoding or store failure breaks the writer."""
+        """Wait for the row group being encoded, then hand its bytes to the shard's sink (hash,
+        store stream) here on the caller's thread, so that the encoder thread's ``write_table``
+        never calls into Python. An encoding or store failure breaks the writer."""
         job = self._job
         if job is None:
             return
         self._job = None
         self._inflight_bytes = 0
-        members, self._job_members = self._job_members, None
         shard = self._shard
         try:
             job.result()
-            if shard is None or members is None:
+            if shard is None:
                 raise AssertionError("a row group was encoded with no open shard")
-            span = shard.finish_row_group()
+            shard.finish_row_group()
         except BaseException as exc:
             self._broken = exc
             raise ArchiveStateError(f"encoding a row group failed: {exc!r}", prefix=self.prefix) from exc
         self._encoded_bytes = shard.bytes
-        # the index rows go out now (the shard's position in the manifest is its sequence
-        # number), so the writer keeps nothing per member of the shard until its upload
-        self._index_add(self._seq - 1, len(shard.spans) - 1, members, span)
+
+    def _encode_job(self, shard: ShardStream, seq: int, table: pa.Table, cols: list[list[Any]]) -> None:
+        """The encoder thread's work for one row group. It starts holding the GIL anyway, so it
+        first frees the records' Python objects (off the caller's thread), then encodes (no GIL),
+        then streams the row group's index rows (the shard's position in the manifest is its
+        sequence number), so the writer keeps nothing per member of the shard until its upload."""
+        cols.clear()
+        offset, length = shard.encode_row_group(table)
+        self._index_add(seq, shard.encoded_row_groups - 1, table.select(INDEX_MEMBER_COLUMNS), offset, length)
 
     def _open_shard(self) -> ShardStream:
         """Start the next shard: a stream into its store object, or an in-memory buffer."""
@@ -668,14 +672,14 @@ class ArchiveWriter:
             with contextlib.suppress(Exception):
                 stack.__exit__(type(exc), exc, exc.__traceback__)
 
-    def _index_add(self, shard: int, row_group: int, table: pa.Table, span: RowGroupSpan) -> None:
+    def _index_add(self, shard: int, row_group: int, table: pa.Table, offset: int, length: int) -> None:
         """Stream one encoded row group's index rows (encoder thread). A failing stream is
         dropped, not raised: commit rebuilds the index from the uploaded shards."""
         if self._index_stale:
             return
         try:
             writer = self._index_writer or self._open_index()
-            writer.add_row_group(shard, row_group, table, span)
+            writer.add_row_group(shard, row_group, table, offset, length)
         except Exception as exc:
             self._index_stale = True
             self._drop_index(exc)
