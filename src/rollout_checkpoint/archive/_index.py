@@ -91,6 +91,7 @@ writes them as one row group: at most ~1 MB of index rows in memory."""
 
 INDEX_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "shard"]
 _SCAN_LOOKUPS = 16
+_LOOKUP_COLUMNS = ("kind", "rollout_id", "attempt", "key", "shard", "row_group", "row")
 """Lookups answered by an Arrow scan of the index before a dict of every member is built."""
 
 
@@ -268,12 +269,21 @@ class MemberIndex:
         """One index column, decoded once."""
         col = self._columns.get(name)
         if col is None:
-            try:
-                col = self._pf.read(columns=[name], use_threads=False).column(0)
-            except (pa.ArrowException, OSError) as exc:
-                raise InvalidRecordError(f"member index column {name!r} is not readable: {exc}") from None
-            self._columns[name] = col
+            self.load(name)
+            col = self._columns[name]
         return col
+
+    def load(self, *names: str) -> None:
+        """Decode the columns ``names`` not decoded yet, in one read."""
+        missing = [name for name in names if name not in self._columns]
+        if not missing:
+            return
+        try:
+            table = self._pf.read(columns=missing, use_threads=False)
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidRecordError(f"member index columns {missing} are not readable: {exc}") from None
+        for name in missing:
+            self._columns[name] = table.column(name)
 
     @property
     def table(self) -> pa.Table:
@@ -316,6 +326,7 @@ class MemberIndex:
         dict of every member is built, then each lookup is O(1)."""
         if self._positions is None and self._lookups < _SCAN_LOOKUPS:
             self._lookups += 1
+            self.load(*_LOOKUP_COLUMNS)
             mask = compute("equal", self.column("rollout_id"), pa.scalar(rollout_id))
             for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
                 mask = compute("and", mask, compute("equal", self.column(name), pa.scalar(value)))
