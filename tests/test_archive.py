@@ -466,7 +466,7 @@ def test_index_is_streamed_not_built_at_commit(local_store: ObjectStore) -> None
     )
     for rec in records:
         writer.write(rec)
-    assert writer._index_writer is not None and writer._index_writer.shards > 3
+    assert writer._index.writer is not None and writer._index.writer.shards > 3
     manifest = writer.commit()
     # one streamed index object; on local disk each shard is streamed into its object too
     assert writer.stream_shards

@@ -40,7 +40,6 @@ from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import JsonValue
 
 from ..errors import InvalidRecordError, ManifestConflictError, ObjectExistsError
@@ -49,7 +48,8 @@ from ..records import RECORD_SCHEMA_VERSION, Record
 from ..store import DelegatingStore, LocalStore, ObjectStore
 from ._bulk import ID_CACHE_LIMIT, MAX_MEMBER_KEY, Batch, Field, check_batch, encode_records, encode_refs
 from ._errors import ArchiveStateError
-from ._index import IndexWriter, RowGroupSpan, compute
+from ._index import RowGroupSpan
+from ._index_stream import IndexStream, colliding_positions
 from ._manifest import (
     ComponentManifest,
     IndexEntry,
@@ -188,10 +188,8 @@ class ArchiveWriter:
         self._hashes: array[int] = array("q")
         self._rg_seen: set[int] = set()  # hashes of the open row group (exact check at write)
         self._valid_ids: set[str] = set()
-        # the member index, streamed into one store object as shards are uploaded
-        self._index_stream: contextlib.ExitStack | None = None
-        self._index_writer: IndexWriter | None = None
-        self._index_stale = False  # the stream failed: commit rebuilds it from the shards
+        # the member index, streamed into one store object as row groups are encoded
+        self._index = IndexStream(store, join_key(prefix, index_name(self.writer_id)), zstd_level)
         self._index_entry: IndexEntry | None = None
         self._sealed = False  # commit has started: no more writes
         self._duplicates_checked = False
@@ -562,7 +560,7 @@ class ArchiveWriter:
         sequence number), so the writer keeps nothing per member of the shard until its upload."""
         cols.clear()
         offset, length = shard.encode_row_group(table)
-        self._index_add(seq, shard.encoded_row_groups - 1, table.select(INDEX_MEMBER_COLUMNS), offset, length)
+        self._index.add(seq, shard.encoded_row_groups - 1, table.select(INDEX_MEMBER_COLUMNS), offset, length)
 
     def _open_shard(self) -> ShardStream:
         """Start the next shard: a stream into its store object, or an in-memory buffer."""
@@ -649,79 +647,14 @@ class ArchiveWriter:
         self._pending = None
         self._shard_uploaded(pending.entry, pending)
 
-    # -- the member index (one streamed object) ---------------------------------------------
-    @property
-    def _index_key(self) -> str:
-        return join_key(self.prefix, index_name(self.writer_id))
-
-    def _open_index(self) -> IndexWriter:
-        stack = contextlib.ExitStack()
-        sink = stack.enter_context(self.store.open_write(self._index_key))
-        self._index_stream = stack
-        self._index_writer = IndexWriter(sink, self.zstd_level, encoding_pool())
-        return self._index_writer
-
-    def _drop_index(self, exc: BaseException) -> None:
-        """Abandon the index stream (the store discards the partial object)."""
-        writer, stack = self._index_writer, self._index_stream
-        self._index_writer = None
-        self._index_stream = None
-        if writer is not None:
-            writer.close()
-        if stack is not None:
-            with contextlib.suppress(Exception):
-                stack.__exit__(type(exc), exc, exc.__traceback__)
-
-    def _index_add(self, shard: int, row_group: int, table: pa.Table, offset: int, length: int) -> None:
-        """Stream one encoded row group's index rows (encoder thread). A failing stream is
-        dropped, not raised: commit rebuilds the index from the uploaded shards."""
-        if self._index_stale:
-            return
-        try:
-            writer = self._index_writer or self._open_index()
-            writer.add_row_group(shard, row_group, table, offset, length)
-        except Exception as exc:
-            self._index_stale = True
-            self._drop_index(exc)
-
-    def _rebuild_index(self) -> IndexWriter:
-        """Stream the index again from the uploaded shards' member columns (after a failure)."""
-        writer = self._open_index()
-        for entry, (spans, _footer) in zip(self._shards, self._shard_meta, strict=True):
-            with self.store.open_read(join_key(self.prefix, entry.key)) as fh:
-                pf = pq.ParquetFile(fh)
-                row_groups = [
-                    pf.read_row_group(rg, columns=INDEX_MEMBER_COLUMNS, use_threads=False)
-                    for rg in range(pf.num_row_groups)
-                ]
-            writer.add_shard(row_groups, spans)
-        return writer
-
+    # -- the member index (one streamed object, see _index_stream) ---------------------------
     def _close_index(self) -> IndexEntry:
-        """Finish the streamed index object; its length and digest go into the manifest.
-
-        A stream that failed while the shards were written is rebuilt here from the uploaded
-        shards. A failure now is raised (no manifest); the next commit rebuilds and tries again.
-        """
-        try:
-            if self._index_stale:
-                writer = self._rebuild_index()
-                self._index_stale = False
-            else:
-                writer = self._index_writer or self._open_index()
-            rows = writer.rows
-            size, digest = writer.finish(
-                [spans for spans, _ in self._shard_meta], [footer for _, footer in self._shard_meta]
-            )
-            stack = self._index_stream
-            self._index_writer = None
-            self._index_stream = None
-            if stack is not None:
-                stack.close()  # the object becomes visible here
-        except BaseException as exc:
-            self._index_stale = True
-            self._drop_index(exc)
-            raise
+        """Finish the index object; its length and digest go into the manifest."""
+        size, digest, rows = self._index.close(
+            [join_key(self.prefix, entry.key) for entry in self._shards],
+            [spans for spans, _ in self._shard_meta],
+            [footer for _, footer in self._shard_meta],
+        )
         return IndexEntry(key=index_name(self.writer_id), bytes=size, sha256=digest, rows=rows)
 
     def _check_duplicates(self) -> None:
@@ -729,32 +662,14 @@ class ArchiveWriter:
         are compared exactly, by reading their identities back from the (closed) index."""
         if self._duplicates_checked:
             return
-        positions = _colliding_positions(self._hashes)
+        positions = colliding_positions(self._hashes)
         if positions:
-            ident = self._first_duplicate(positions)
+            ident = self._index.first_duplicate(positions)
             if ident is not None:
                 exc = self._duplicate_error(ident)
                 self._broken = exc
                 raise exc
         self._duplicates_checked = True
-
-    def _first_duplicate(self, positions: list[int]) -> tuple[str, str, int, str] | None:
-        cols = ["kind", "rollout_id", "attempt", "key"]
-        seen: set[tuple[str, str, int, str]] = set()
-        with self.store.open_read(self._index_key) as fh:
-            pf = pq.ParquetFile(fh)
-            start = 0
-            for rg in range(pf.num_row_groups):
-                n = pf.metadata.row_group(rg).num_rows
-                local = [p - start for p in positions if start <= p < start + n]
-                if local:
-                    table = pf.read_row_group(rg, columns=cols, use_threads=False).take(local)
-                    for row in zip(*(table[c].to_pylist() for c in cols), strict=True):
-                        if row in seen:
-                            return row
-                        seen.add(row)
-                start += n
-        return None
 
     # -- committing -------------------------------------------------------------------------
     def commit(self, extra: Mapping[str, JsonValue] | None = None) -> ComponentManifest:
@@ -826,7 +741,7 @@ class ArchiveWriter:
         for buf in (self._kinds, self._rollout_ids, self._keys, self._payloads):
             buf.clear()
         self._rg_payload_bytes = 0
-        self._drop_index(ArchiveStateError("aborted", prefix=self.prefix))
+        self._index.drop(ArchiveStateError("aborted", prefix=self.prefix))
         self._hashes = array("q")
         self._shard_meta = []
         self._rg_seen = set()
@@ -849,21 +764,3 @@ class ArchiveWriter:
 
     def __repr__(self) -> str:
         return f"ArchiveWriter({self.store!r}, {self.prefix!r}, writer_id={self.writer_id!r})"
-
-
-def _colliding_positions(hashes: array[int]) -> list[int]:
-    """Positions of the members whose 64-bit hash equals another member's (sorted in Arrow:
-    about 16 extra bytes per member for the moment of the check)."""
-    n = len(hashes)
-    if n < 2:
-        return []
-    values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(hashes)])
-    ordered = compute("take", values, compute("sort_indices", values))
-    equal = compute("equal", ordered.slice(1), ordered.slice(0, n - 1))
-    if not compute("any", equal).as_py():
-        return []
-    colliding = compute("unique", compute("filter", ordered.slice(1), equal))
-    from pyarrow._compute import SetLookupOptions
-
-    in_set = compute("is_in", values, options=SetLookupOptions(colliding))
-    return [int(p) for p in compute("indices_nonzero", in_set).to_pylist()]
