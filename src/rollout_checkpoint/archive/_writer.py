@@ -58,6 +58,7 @@ from ._manifest import (
     manifest_to_bytes,
     utc_now_iso,
 )
+from ._rowgroup import OpenRowGroup
 from ._schema import (
     DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_ROW_GROUP_ROWS,
@@ -156,15 +157,7 @@ class ArchiveWriter:
         self.writer_id = uuid.uuid4().hex
 
         # the open row group, as column lists
-        self._kinds: list[str] = []
-        self._rollout_ids: list[str] = []
-        self._attempts: list[int] = []
-        self._keys: list[str] = []
-        self._schema_versions: list[int] = []
-        self._revisions: list[int | None] = []
-        self._refs: list[str | None] = []
-        self._payloads: list[bytes] = []
-        self._rg_payload_bytes = 0
+        self._rg = OpenRowGroup()
         self._encoded_bytes = 0  # size of the open shard's Parquet stream (changes per row group)
         self._inflight_bytes = 0  # payload bytes of the row group on the encoder thread
         self._shard_payload_bytes = 0  # uncompressed payload bytes of the open shard
@@ -186,7 +179,6 @@ class ArchiveWriter:
         self._record_counts: dict[str, int] = {}
         # one 64-bit hash per member, in write order (= index row order): the duplicate check
         self._hashes: array[int] = array("q")
-        self._rg_seen: set[int] = set()  # hashes of the open row group (exact check at write)
         self._valid_ids: set[str] = set()
         # the member index, streamed into one store object as row groups are encoded
         self._index = IndexStream(store, join_key(prefix, index_name(self.writer_id)), zstd_level)
@@ -230,7 +222,7 @@ class ArchiveWriter:
         ratio and the writer's peak memory stays a small multiple of that. A streamed shard's
         encoded bytes are already on the store, so only the row groups count."""
         held = 0 if self.stream_shards else self._encoded_bytes
-        return held + self._inflight_bytes + self._rg_payload_bytes
+        return held + self._inflight_bytes + self._rg.payload_bytes
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, record: Record) -> None:
@@ -320,9 +312,9 @@ class ArchiveWriter:
         batch = check_batch(kind, rollout_ids, attempts, keys, payloads, revisions, refs)
         if not batch:
             return
-        if not self._rg_seen.isdisjoint(batch.hashes):
+        if not self._rg.seen.isdisjoint(batch.hashes):
             for ident in zip([kind] * len(batch), batch.rollout_ids, batch.attempts, batch.keys, strict=True):
-                if self._in_open_row_group(ident):
+                if self._rg.contains(ident):
                     raise self._duplicate_error(ident)
         if self._pending is not None:
             self._upload_pending()
@@ -368,8 +360,8 @@ class ArchiveWriter:
         self._record_counts[batch.kind] = self._record_counts.get(batch.kind, 0) + n
         lengths = batch.lengths
         while start < n:
-            end = min(n, start + self.row_group_rows - len(self._payloads))
-            room = self.row_group_bytes - self._rg_payload_bytes
+            end = min(n, start + self.row_group_rows - len(self._rg))
+            room = self.row_group_bytes - self._rg.payload_bytes
             shard_room = self.target_shard_bytes - self._shard_payload_bytes
             chunk = sum(lengths[start:end])
             if chunk >= room or chunk >= shard_room:
@@ -381,23 +373,14 @@ class ArchiveWriter:
                         end = i + 1
                         break
                 chunk = acc
-            self._kinds.extend([batch.kind] * (end - start))
-            self._rollout_ids.extend(batch.rollout_ids[start:end])
-            self._attempts.extend(batch.attempts[start:end])
-            self._keys.extend(batch.keys[start:end])
-            self._schema_versions.extend([schema_version] * (end - start))
-            self._revisions.extend(batch.revisions[start:end])
-            self._refs.extend(batch.refs[start:end])
-            self._payloads.extend(batch.payloads[start:end])
-            self._rg_seen.update(batch.hashes[start:end])
-            self._rg_payload_bytes += chunk
+            self._rg.extend(batch, start, end, schema_version, chunk)
             self._shard_payload_bytes += chunk
             start = end
-            if len(self._payloads) >= self.row_group_rows or self._rg_payload_bytes >= self.row_group_bytes:
+            if len(self._rg) >= self.row_group_rows or self._rg.payload_bytes >= self.row_group_bytes:
                 self._flush_row_group()
             if (
                 self._shard_payload_bytes >= self.target_shard_bytes
-                or self._encoded_bytes + self._inflight_bytes + self._rg_payload_bytes
+                or self._encoded_bytes + self._inflight_bytes + self._rg.payload_bytes
                 >= self.target_shard_bytes
             ):
                 self._finish_shard()
@@ -419,28 +402,19 @@ class ArchiveWriter:
             self._refuse()
         ident = (kind, rollout_id, attempt, key)
         h = hash(ident)
-        if h in self._rg_seen and self._in_open_row_group(ident):
+        if h in self._rg.seen and self._rg.contains(ident):
             raise self._duplicate_error(ident)
         if self._pending is not None:
             self._upload_pending()
-        self._rg_seen.add(h)
         self._hashes.append(h)
-        self._kinds.append(kind)
-        self._rollout_ids.append(rollout_id)
-        self._attempts.append(attempt)
-        self._keys.append(key)
-        self._schema_versions.append(schema_version)
-        self._revisions.append(revision)
-        self._refs.append(refs)
-        self._payloads.append(payload)
-        self._rg_payload_bytes += len(payload)
+        self._rg.append(ident, h, schema_version, revision, refs, payload)
         self._record_counts[kind] = self._record_counts.get(kind, 0) + 1
-        if len(self._payloads) >= self.row_group_rows or self._rg_payload_bytes >= self.row_group_bytes:
+        if len(self._rg) >= self.row_group_rows or self._rg.payload_bytes >= self.row_group_bytes:
             self._flush_row_group()
         self._shard_payload_bytes += len(payload)
         if (
             self._shard_payload_bytes >= self.target_shard_bytes
-            or self._encoded_bytes + self._inflight_bytes + self._rg_payload_bytes >= self.target_shard_bytes
+            or self._encoded_bytes + self._inflight_bytes + self._rg.payload_bytes >= self.target_shard_bytes
         ):
             # uploaded by the next write (before it appends) or by commit: a write that raises
             # a store error has therefore never taken its record
@@ -468,44 +442,16 @@ class ArchiveWriter:
             key=key,
         )
 
-    def _in_open_row_group(self, ident: tuple[str, str, int, str]) -> bool:
-        """Exact check behind the open row group's hash set (runs only on a hash hit)."""
-        kind, rollout_id, attempt, key = ident
-        for i, k in enumerate(self._keys):
-            if (
-                k == key
-                and self._kinds[i] == kind
-                and self._rollout_ids[i] == rollout_id
-                and self._attempts[i] == attempt
-            ):
-                return True
-        return False
-
-    def _take_row_group(self) -> list[list[Any]]:
-        """Hand the open row group's column lists over (fresh lists replace them)."""
-        cols: list[list[Any]] = [
-            self._kinds,
-            self._rollout_ids,
-            self._attempts,
-            self._keys,
-            self._schema_versions,
-            self._revisions,
-            self._refs,
-            self._payloads,
-        ]
-        self._kinds, self._rollout_ids, self._attempts, self._keys = [], [], [], []
-        self._schema_versions, self._revisions, self._refs, self._payloads = [], [], [], []
-        self._rg_seen = set()
-        return cols
-
     def _flush_row_group(self) -> None:
         """Build the open row group's Arrow columns (here: that needs the GIL) and encode them on
         the encoder thread (one in flight at most), which runs Parquet encoding and zstd without
         the GIL while the caller keeps appending records; it also frees the row group's Python
         objects and streams its index rows (see :meth:`_encode_job`)."""
-        if not self._payloads:
+        if not self._rg:
             return
-        cols = self._take_row_group()
+        rg, self._rg = self._rg, OpenRowGroup()
+        cols, rg_bytes = rg.columns(), rg.payload_bytes
+        del rg  # the column lists live on in ``cols`` only: the encoder job frees them
         pool = encoding_pool()
         try:
             table = pa.Table.from_arrays(
@@ -526,8 +472,7 @@ class ArchiveWriter:
                     f"opening a shard of {self.prefix!r} failed: {exc!r}; abort and write the archive again",
                     prefix=self.prefix,
                 ) from exc
-        self._inflight_bytes = self._rg_payload_bytes
-        self._rg_payload_bytes = 0
+        self._inflight_bytes = rg_bytes
         if self._encoder is None:
             self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
         self._job = self._encoder.submit(self._encode_job, shard, self._seq - 1, table, cols)
@@ -738,13 +683,10 @@ class ArchiveWriter:
         self._shutdown()
         self._discard_shard(ArchiveStateError("aborted", prefix=self.prefix))
         self._pending = None
-        for buf in (self._kinds, self._rollout_ids, self._keys, self._payloads):
-            buf.clear()
-        self._rg_payload_bytes = 0
+        self._rg = OpenRowGroup()
         self._index.drop(ArchiveStateError("aborted", prefix=self.prefix))
         self._hashes = array("q")
         self._shard_meta = []
-        self._rg_seen = set()
 
     def _shutdown(self) -> None:
         if self._encoder is not None:
