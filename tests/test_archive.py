@@ -29,6 +29,7 @@ from rollout_checkpoint.archive import (
     manifest_to_bytes,
     parse_component_manifest,
 )
+from rollout_checkpoint.archive._shard import encoding_pool
 from rollout_checkpoint.errors import (
     IntegrityError,
     InvalidIdentifierError,
@@ -473,9 +474,11 @@ def test_index_is_streamed_not_built_at_commit(local_store: ObjectStore) -> None
     )
     for rec in records:
         writer.write(rec)
-    assert writer._index_writer is not None and writer._index_writer.shards > 3
+    assert writer._index.writer is not None and writer._index.writer.shards > 3
     manifest = writer.commit()
-    assert store.requests["open_write"] == 1 and store.requests["put"] == len(manifest.shards)
+    # one streamed index object; on local disk each shard is streamed into its object too
+    assert writer.stream_shards
+    assert store.requests["open_write"] == 1 + len(manifest.shards) and store.requests["put"] == 0
     index_bytes = local_store.get(f"{PREFIX}/{manifest.index.key}")
     assert len(index_bytes) == manifest.index.bytes
     assert hashlib.sha256(index_bytes).hexdigest() == manifest.index.sha256
@@ -898,7 +901,21 @@ class DiscardingStore(MemoryStore):
         super().put(key, b"")
 
 
-def _writer_peak_bytes(records: int, payload_bytes: int, target: int, per_rollout: int = 1) -> int:
+def _arrow_bytes() -> int:
+    """Bytes held by Arrow: the default pool plus the writer's encoding pool, if another."""
+    pool = encoding_pool()
+    extra = 0 if pool.backend_name == pa.default_memory_pool().backend_name else pool.bytes_allocated()
+    return int(pa.total_allocated_bytes()) + int(extra)
+
+
+def _writer_peak_bytes(
+    records: int,
+    payload_bytes: int,
+    target: int,
+    per_rollout: int = 1,
+    stream: bool = False,
+    source_bytes: int = 1 << 16,
+) -> int:
     """Peak of Python (tracemalloc) plus Arrow-pool memory while writing ``records`` members
     (``per_rollout`` members per rollout id)."""
     writer = ArchiveWriter(
@@ -908,11 +925,12 @@ def _writer_peak_bytes(records: int, payload_bytes: int, target: int, per_rollou
         participant_kind="a",
         instance="i",
         target_shard_bytes=target,
+        stream_shards=stream,
     )
-    source = random.Random(11).randbytes(1 << 16)  # incompressible payload bytes
+    source = random.Random(11).randbytes(source_bytes)  # incompressible payload bytes
     tracemalloc.start()
     try:
-        base = tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes()
+        base = tracemalloc.get_traced_memory()[0] + _arrow_bytes()
         peak = 0
         for i in range(records):
             off = (i * 7919) % (len(source) - payload_bytes)
@@ -920,7 +938,7 @@ def _writer_peak_bytes(records: int, payload_bytes: int, target: int, per_rollou
                 "blob", f"r{i // per_rollout}", 0, f"k{i % per_rollout}", source[off : off + payload_bytes]
             )
             if i % 25 == 0:
-                peak = max(peak, tracemalloc.get_traced_memory()[0] + pa.total_allocated_bytes() - base)
+                peak = max(peak, tracemalloc.get_traced_memory()[0] + _arrow_bytes() - base)
         writer.commit()
     finally:
         tracemalloc.stop()
@@ -935,6 +953,18 @@ def test_writer_memory_does_not_grow_with_payload_volume() -> None:
     small = _writer_peak_bytes(4000, 100, target)
     large = _writer_peak_bytes(4000, 4000, target)
     assert large - small <= 4 * target, (small, large)
+
+
+def test_streamed_writer_memory_does_not_grow_with_the_shard_size() -> None:
+    # 16 MB of incompressible payload, once into 4 MiB shards and once into one 64 MiB shard
+    # (1 MiB row groups both times): a streamed shard goes out row group by row group, so the
+    # writer holds about the same either way (holding its open shard would cost ~12 MiB more).
+    fresh = 32 << 20  # no payload repeats another, so zstd cannot shrink the shard
+    small = _writer_peak_bytes(4000, 4000, 4 << 20, stream=True, source_bytes=fresh)
+    large = _writer_peak_bytes(4000, 4000, 64 << 20, stream=True, source_bytes=fresh)
+    assert large - small <= 4 << 20, (small, large)
+    buffered = _writer_peak_bytes(4000, 4000, 64 << 20, stream=False, source_bytes=fresh)
+    assert buffered - large >= 8 << 20, (large, buffered)  # the measurement can tell the two apart
 
 
 def test_writer_memory_does_not_grow_with_the_number_of_members() -> None:

@@ -6,134 +6,288 @@ the less common names; everything a framework integration needs is re-exported h
 
 from __future__ import annotations
 
-from .archive import ArchiveReader, ArchiveWriter, ComponentManifest, ManifestRef, MemberRef
-from .control import (
-    PREPARE_ORDER,
-    Capabilities,
-    CheckpointMode,
-    CommitReply,
-    ParticipantControl,
-    ParticipantKind,
-    ParticipantStatus,
-    Phase,
-    PrepareReport,
-    RestoreReply,
-    ResumeReply,
-    UnsafeEffect,
-)
-from .control_plane import Participant
-from .coordinator import (
-    CheckpointCancelledError,
-    CheckpointNotReadyError,
-    CheckpointOutcome,
-    Coordinator,
-    MissingParticipantError,
-    RestoreFailedError,
-    RestoreOutcome,
-)
-from .errors import (
-    AdmissionClosedError,
-    CheckpointConflictError,
-    CheckpointError,
-    CheckpointNotFoundError,
-    CheckpointRejectedError,
-    ConditionalWriteUnsupportedError,
-    DeadlineExceededError,
-    GenerationCutError,
-    IdentityConflictError,
-    IntegrityError,
-    InvalidArgumentError,
-    InvalidIdentifierError,
-    InvalidPhaseError,
-    InvalidRecordError,
-    InvalidValueError,
-    ManifestConflictError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    SequenceTakenError,
-    StaleAttemptError,
-    StaleCheckpointError,
-    StoreError,
-    StorePermissionError,
-    StoreUnreachableError,
-    StoreUnsupportedError,
-    TransientStoreError,
-    UnknownExecutionError,
-    UnsupportedSchemaError,
-    VersionChangedError,
-)
-from .fencing import AttemptFence
-from .ids import ExecutionId, validate_id
-from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, SequenceClaim
-from .participants import (
-    AgentParticipant,
-    CutAcknowledgement,
-    CutInventory,
-    CutReport,
-    CutTicket,
-    FakeGenerationBackend,
-    GenerationResult,
-    InlinePrefix,
-    JsonCodec,
-    ModelCall,
-    PolicyModelParticipant,
-    ResourcesParticipant,
-    StagedPrefix,
-    StateCodec,
-    validate_cut_coverage,
-)
-from .participants.environments import (
-    BlackjackEnvironment,
-    Environment,
-    InventoryEnvironment,
-    LiveStreamEnvironment,
-)
-from .published import PublishedCheckpoint
-from .records import (
-    AgentBoundaryRecord,
-    CompletedResultRecord,
-    DispatchRecord,
-    GenerationCut,
-    ModelCallLineageRecord,
-    Record,
-    ResourceSnapshotRecord,
-    TokenStoreReceipt,
-)
-from .recovery import (
-    RecoveryPlan,
-    RolloutPlan,
-    SkippedCheckpoint,
-    list_checkpoints,
-    load_checkpoint,
-    verify_checkpoint,
-)
-from .registry import LiveExecutionRegistry
-from .retention import GcReport, collect_garbage
-from .store import (
-    CountingStore,
-    LocalStore,
-    MemoryStore,
-    ObjectInfo,
-    ObjectStore,
-    StoreCapabilities,
-    open_store,
-)
-from .tokens import (
-    BatchingTokenSink,
-    LineageStore,
-    ObjectStoreTokenStore,
-    TokenEntry,
-    TokenSink,
-    TokenSnapshotReceipt,
-    TokenSource,
-    load_snapshot,
-    prefix_digest,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .archive import (
+        ArchiveReader,
+        ArchiveWriter,
+        ComponentManifest,
+        ManifestRef,
+        MemberRef,
+    )
+    from .control import (
+        PREPARE_ORDER,
+        Capabilities,
+        CheckpointMode,
+        CommitReply,
+        ParticipantControl,
+        ParticipantKind,
+        ParticipantStatus,
+        Phase,
+        PrepareReport,
+        RestoreReply,
+        ResumeReply,
+        UnsafeEffect,
+    )
+    from .control_plane import Participant
+    from .coordinator import (
+        CheckpointCancelledError,
+        CheckpointNotReadyError,
+        CheckpointOutcome,
+        Coordinator,
+        MissingParticipantError,
+        RestoreFailedError,
+        RestoreOutcome,
+    )
+    from .errors import (
+        AdmissionClosedError,
+        CheckpointConflictError,
+        CheckpointError,
+        CheckpointNotFoundError,
+        CheckpointRejectedError,
+        ConditionalWriteUnsupportedError,
+        DeadlineExceededError,
+        GenerationCutError,
+        IdentityConflictError,
+        IntegrityError,
+        InvalidArgumentError,
+        InvalidIdentifierError,
+        InvalidPhaseError,
+        InvalidRecordError,
+        InvalidValueError,
+        ManifestConflictError,
+        ObjectExistsError,
+        ObjectNotFoundError,
+        SequenceTakenError,
+        StaleAttemptError,
+        StaleCheckpointError,
+        StoreError,
+        StorePermissionError,
+        StoreUnreachableError,
+        StoreUnsupportedError,
+        TransientStoreError,
+        UnknownExecutionError,
+        UnsupportedSchemaError,
+        VersionChangedError,
+    )
+    from .fencing import AttemptFence
+    from .ids import (
+        ExecutionId,
+        validate_id,
+    )
+    from .manifests import (
+        AggregateManifest,
+        GlobalCheckpointRecord,
+        LatestPointer,
+        SequenceClaim,
+    )
+    from .participants import (
+        AgentParticipant,
+        CutAcknowledgement,
+        CutInventory,
+        CutReport,
+        CutTicket,
+        FakeGenerationBackend,
+        GenerationResult,
+        InlinePrefix,
+        JsonCodec,
+        ModelCall,
+        PolicyModelParticipant,
+        ResourcesParticipant,
+        StagedPrefix,
+        StateCodec,
+        validate_cut_coverage,
+    )
+    from .participants.environments import (
+        BlackjackEnvironment,
+        Environment,
+        InventoryEnvironment,
+        LiveStreamEnvironment,
+    )
+    from .published import PublishedCheckpoint
+    from .records import (
+        AgentBoundaryRecord,
+        CompletedResultRecord,
+        DispatchRecord,
+        GenerationCut,
+        ModelCallLineageRecord,
+        Record,
+        ResourceSnapshotRecord,
+        TokenStoreReceipt,
+    )
+    from .recovery import (
+        RecoveryPlan,
+        RolloutPlan,
+        SkippedCheckpoint,
+        list_checkpoints,
+        load_checkpoint,
+        verify_checkpoint,
+    )
+    from .registry import LiveExecutionRegistry
+    from .retention import (
+        GcReport,
+        collect_garbage,
+    )
+    from .store import (
+        CountingStore,
+        LocalStore,
+        MemoryStore,
+        ObjectInfo,
+        ObjectStore,
+        StoreCapabilities,
+        open_store,
+    )
+    from .tokens import (
+        BatchingTokenSink,
+        LineageStore,
+        ObjectStoreTokenStore,
+        TokenEntry,
+        TokenSink,
+        TokenSnapshotReceipt,
+        TokenSource,
+        load_snapshot,
+        prefix_digest,
+    )
+
+# Names are imported on first use (PEP 562), so ``import rollout_checkpoint`` loads no
+# submodule: a process that only writes archives pays for pyarrow and pydantic, not for the
+# coordinator, recovery, fsspec or the CLI (s3fs, typer and rich load only where used).
+_EXPORTS: dict[str, str] = {
+    "ArchiveReader": ".archive",
+    "ArchiveWriter": ".archive",
+    "ComponentManifest": ".archive",
+    "ManifestRef": ".archive",
+    "MemberRef": ".archive",
+    "PREPARE_ORDER": ".control",
+    "Capabilities": ".control",
+    "CheckpointMode": ".control",
+    "CommitReply": ".control",
+    "ParticipantControl": ".control",
+    "ParticipantKind": ".control",
+    "ParticipantStatus": ".control",
+    "Phase": ".control",
+    "PrepareReport": ".control",
+    "RestoreReply": ".control",
+    "ResumeReply": ".control",
+    "UnsafeEffect": ".control",
+    "Participant": ".control_plane",
+    "CheckpointCancelledError": ".coordinator",
+    "CheckpointNotReadyError": ".coordinator",
+    "CheckpointOutcome": ".coordinator",
+    "Coordinator": ".coordinator",
+    "MissingParticipantError": ".coordinator",
+    "RestoreFailedError": ".coordinator",
+    "RestoreOutcome": ".coordinator",
+    "AdmissionClosedError": ".errors",
+    "CheckpointConflictError": ".errors",
+    "CheckpointError": ".errors",
+    "CheckpointNotFoundError": ".errors",
+    "CheckpointRejectedError": ".errors",
+    "ConditionalWriteUnsupportedError": ".errors",
+    "DeadlineExceededError": ".errors",
+    "GenerationCutError": ".errors",
+    "IdentityConflictError": ".errors",
+    "IntegrityError": ".errors",
+    "InvalidArgumentError": ".errors",
+    "InvalidIdentifierError": ".errors",
+    "InvalidPhaseError": ".errors",
+    "InvalidRecordError": ".errors",
+    "InvalidValueError": ".errors",
+    "ManifestConflictError": ".errors",
+    "ObjectExistsError": ".errors",
+    "ObjectNotFoundError": ".errors",
+    "SequenceTakenError": ".errors",
+    "StaleAttemptError": ".errors",
+    "StaleCheckpointError": ".errors",
+    "StoreError": ".errors",
+    "StorePermissionError": ".errors",
+    "StoreUnreachableError": ".errors",
+    "StoreUnsupportedError": ".errors",
+    "TransientStoreError": ".errors",
+    "UnknownExecutionError": ".errors",
+    "UnsupportedSchemaError": ".errors",
+    "VersionChangedError": ".errors",
+    "AttemptFence": ".fencing",
+    "ExecutionId": ".ids",
+    "validate_id": ".ids",
+    "AggregateManifest": ".manifests",
+    "GlobalCheckpointRecord": ".manifests",
+    "LatestPointer": ".manifests",
+    "SequenceClaim": ".manifests",
+    "AgentParticipant": ".participants",
+    "CutAcknowledgement": ".participants",
+    "CutInventory": ".participants",
+    "CutReport": ".participants",
+    "CutTicket": ".participants",
+    "FakeGenerationBackend": ".participants",
+    "GenerationResult": ".participants",
+    "InlinePrefix": ".participants",
+    "JsonCodec": ".participants",
+    "ModelCall": ".participants",
+    "PolicyModelParticipant": ".participants",
+    "ResourcesParticipant": ".participants",
+    "StagedPrefix": ".participants",
+    "StateCodec": ".participants",
+    "validate_cut_coverage": ".participants",
+    "BlackjackEnvironment": ".participants.environments",
+    "Environment": ".participants.environments",
+    "InventoryEnvironment": ".participants.environments",
+    "LiveStreamEnvironment": ".participants.environments",
+    "PublishedCheckpoint": ".published",
+    "AgentBoundaryRecord": ".records",
+    "CompletedResultRecord": ".records",
+    "DispatchRecord": ".records",
+    "GenerationCut": ".records",
+    "ModelCallLineageRecord": ".records",
+    "Record": ".records",
+    "ResourceSnapshotRecord": ".records",
+    "TokenStoreReceipt": ".records",
+    "RecoveryPlan": ".recovery",
+    "RolloutPlan": ".recovery",
+    "SkippedCheckpoint": ".recovery",
+    "list_checkpoints": ".recovery",
+    "load_checkpoint": ".recovery",
+    "verify_checkpoint": ".recovery",
+    "LiveExecutionRegistry": ".registry",
+    "GcReport": ".retention",
+    "collect_garbage": ".retention",
+    "CountingStore": ".store",
+    "LocalStore": ".store",
+    "MemoryStore": ".store",
+    "ObjectInfo": ".store",
+    "ObjectStore": ".store",
+    "StoreCapabilities": ".store",
+    "open_store": ".store",
+    "BatchingTokenSink": ".tokens",
+    "LineageStore": ".tokens",
+    "ObjectStoreTokenStore": ".tokens",
+    "TokenEntry": ".tokens",
+    "TokenSink": ".tokens",
+    "TokenSnapshotReceipt": ".tokens",
+    "TokenSource": ".tokens",
+    "load_snapshot": ".tokens",
+    "prefix_digest": ".tokens",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PREPARE_ORDER",
     "AdmissionClosedError",
     "AgentBoundaryRecord",
     "AgentParticipant",
@@ -176,21 +330,22 @@ __all__ = [
     "InlinePrefix",
     "IntegrityError",
     "InvalidArgumentError",
-    "InventoryEnvironment",
     "InvalidIdentifierError",
     "InvalidPhaseError",
     "InvalidRecordError",
     "InvalidValueError",
+    "InventoryEnvironment",
     "JsonCodec",
     "LatestPointer",
-    "LiveStreamEnvironment",
     "LineageStore",
     "LiveExecutionRegistry",
+    "LiveStreamEnvironment",
     "LocalStore",
     "ManifestConflictError",
     "ManifestRef",
     "MemberRef",
     "MemoryStore",
+    "MissingParticipantError",
     "ModelCall",
     "ModelCallLineageRecord",
     "ObjectExistsError",
@@ -198,6 +353,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStore",
     "ObjectStoreTokenStore",
+    "PREPARE_ORDER",
     "Participant",
     "ParticipantControl",
     "ParticipantKind",
@@ -210,7 +366,6 @@ __all__ = [
     "RecoveryPlan",
     "ResourceSnapshotRecord",
     "ResourcesParticipant",
-    "MissingParticipantError",
     "RestoreFailedError",
     "RestoreOutcome",
     "RestoreReply",

@@ -37,6 +37,9 @@ __all__ = [
 
 RECORD_SCHEMA_VERSION = 1
 
+LEGACY_RESOURCES_INSTANCE = "legacy-unscoped"
+"""The instance a pre-instance boundary's resource revisions are read under (no participant has it)."""
+
 RecordKind = Literal[
     "agent_boundary",
     "resource_snapshot",
@@ -111,6 +114,22 @@ class AgentBoundaryRecord(Record):
     usage: dict[str, int] = Field(default_factory=dict)
     cookies: dict[str, str] = Field(default_factory=dict)
     agent_state: bytes | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_revisions(cls, data: Any) -> Any:
+        """Boundaries written before revisions were keyed by instance held ``{session: revision}``.
+        They still read, under the instance ``LEGACY_RESOURCES_INSTANCE``, which no participant
+        has: such a boundary cannot prove where its sessions live, so it never continues."""
+        if isinstance(data, dict):
+            revisions = data.get("resource_revisions")
+            if (
+                isinstance(revisions, dict)
+                and revisions
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in revisions.values())
+            ):
+                data = {**data, "resource_revisions": {LEGACY_RESOURCES_INSTANCE: dict(revisions)}}
+        return data
 
     @property
     def record_key(self) -> str:

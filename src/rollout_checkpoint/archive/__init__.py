@@ -24,6 +24,7 @@ from ._manifest import (
 )
 from ._reader import ArchiveReader, RawRecord, check_object, component_prefixes, find_component_prefixes
 from ._schema import (
+    DEFAULT_ROW_GROUP_BYTES,
     DEFAULT_ROW_GROUP_ROWS,
     DEFAULT_TARGET_SHARD_BYTES,
     DEFAULT_ZSTD_LEVEL,
@@ -34,6 +35,7 @@ from ._writer import ArchiveWriter
 
 __all__ = [
     "COMPONENT_MANIFEST_SCHEMA_VERSION",
+    "DEFAULT_ROW_GROUP_BYTES",
     "DEFAULT_ROW_GROUP_ROWS",
     "DEFAULT_TARGET_SHARD_BYTES",
     "DEFAULT_ZSTD_LEVEL",

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InvalidRecordError
@@ -33,7 +32,7 @@ from ._schema import (
     footer_meta_key,
 )
 
-__all__ = ["IndexWriter", "MemberIndex", "MemberRef", "RowGroupSpan", "index_metadata"]
+__all__ = ["IndexWriter", "MemberIndex", "MemberRef", "RowGroupSpan", "compute", "index_metadata"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +90,9 @@ INDEX_FLUSH_ROWS = 1 << 13
 writes them as one row group: at most ~1 MB of index rows in memory."""
 
 INDEX_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "shard"]
+_SCAN_LOOKUPS = 16
+_LOOKUP_COLUMNS = ("kind", "rollout_id", "attempt", "key", "shard", "row_group", "row")
+"""Lookups answered by an Arrow scan of the index before a dict of every member is built."""
 
 
 class _DigestSink(io.RawIOBase):
@@ -120,14 +122,14 @@ class _DigestSink(io.RawIOBase):
 
 
 class IndexWriter:
-    """Writer side: streams the member index into ``sink`` (a store ``open_write`` file) shard by
-    shard, hashing and counting the bytes as they pass. It buffers at most ``INDEX_FLUSH_ROWS``
-    rows plus the rows of the shard being added: nothing per member outlives that. The key-value
+    """Writer side: streams the member index into ``sink`` (a store ``open_write`` file) row group
+    by row group, hashing and counting the bytes as they pass. It buffers at most
+    ``INDEX_FLUSH_ROWS`` rows plus one row group: nothing per member outlives that. The key-value
     metadata (row-group spans and footers: per shard and row group, not per member) is handed to
     :meth:`finish` and written into the Parquet footer.
     """
 
-    def __init__(self, sink: BinaryIO, zstd_level: int) -> None:
+    def __init__(self, sink: BinaryIO, zstd_level: int, memory_pool: pa.MemoryPool | None = None) -> None:
         self._sink = _DigestSink(sink)
         self._pq = pq.ParquetWriter(
             self._sink,
@@ -135,33 +137,40 @@ class IndexWriter:
             compression="zstd",
             compression_level=zstd_level,
             write_statistics=INDEX_STATISTICS_COLUMNS,
+            memory_pool=memory_pool,
         )
         self._buffer: list[pa.Table] = []
         self._buffered = 0
         self.shards = 0
         self.rows = 0
 
+    def add_row_group(self, shard: int, row_group: int, table: pa.Table, offset: int, length: int) -> None:
+        """Add the rows of one row group (``table`` holds its member columns) at byte range
+        ``[offset, offset + length)`` of its shard, in write order."""
+        n = table.num_rows
+        cols = [table.column(name) for name in INDEX_MEMBER_COLUMNS]
+        cols += [
+            pa.repeat(pa.scalar(shard, pa.int32()), n),
+            pa.repeat(pa.scalar(row_group, pa.int32()), n),
+            pa.array(range(n), pa.int32()),
+            pa.repeat(pa.scalar(offset, pa.int64()), n),
+            pa.repeat(pa.scalar(length, pa.int64()), n),
+        ]
+        self._buffer.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
+        self._buffered += n
+        self.rows += n
+        self.shards = max(self.shards, shard + 1)
+        if self._buffered >= INDEX_FLUSH_ROWS:
+            self._flush()
+
     def add_shard(self, row_groups: list[pa.Table], spans: list[RowGroupSpan]) -> None:
-        """Add the next shard: ``row_groups[i]`` holds the member columns of row group ``i``."""
+        """Add the next shard whole: ``row_groups[i]`` holds the member columns of row group ``i``."""
         shard = self.shards
         if len(row_groups) != len(spans):
             raise AssertionError("one span per row group expected")
         for rg, (table, span) in enumerate(zip(row_groups, spans, strict=True)):
-            n = table.num_rows
-            cols = [table.column(name) for name in INDEX_MEMBER_COLUMNS]
-            cols += [
-                pa.repeat(pa.scalar(shard, pa.int32()), n),
-                pa.repeat(pa.scalar(rg, pa.int32()), n),
-                pa.array(range(n), pa.int32()),
-                pa.repeat(pa.scalar(span.offset, pa.int64()), n),
-                pa.repeat(pa.scalar(span.length, pa.int64()), n),
-            ]
-            self._buffer.append(pa.Table.from_arrays(cols, schema=INDEX_SCHEMA))
-            self._buffered += n
-            self.rows += n
-        self.shards += 1
-        if self._buffered >= INDEX_FLUSH_ROWS:
-            self._flush()
+            self.add_row_group(shard, rg, table, span.offset, span.length)
+        self.shards = shard + 1
 
     def _flush(self) -> None:
         """Write the buffered rows (row groups of at most ``INDEX_ROW_GROUP_ROWS``)."""
@@ -203,22 +212,37 @@ def index_metadata(spans: list[list[RowGroupSpan]], footers: list[bytes]) -> dic
     return meta
 
 
-class MemberIndex:
-    """Reader side: the parsed index of one archive (built from digest-checked bytes)."""
+def compute(name: str, *args: Any, options: Any = None) -> Any:
+    """Call an Arrow compute kernel by name. ``pyarrow.compute`` re-exports ``call_function``
+    from ``pyarrow._compute``; importing only the latter skips generating a Python wrapper for
+    every kernel (about 30-80 ms and 2 MiB), which a cold lookup would otherwise pay."""
+    from pyarrow._compute import call_function
 
-    def __init__(self, table: pa.Table, spans: list[list[RowGroupSpan]], footers: list[bytes]) -> None:
-        self.table = table
+    return call_function(name, list(args), options)
+
+
+class MemberIndex:
+    """Reader side: the parsed index of one archive (built from digest-checked bytes).
+
+    Columns are decoded on first use: a cold lookup decodes the identity columns only, never
+    ``refs`` (the largest)."""
+
+    def __init__(self, pf: pq.ParquetFile, spans: list[list[RowGroupSpan]], footers: list[bytes]) -> None:
+        self._pf = pf
+        self._columns: dict[str, pa.ChunkedArray] = {}
+        self._table: pa.Table | None = None
         self.spans = spans
         self._footers = footers
         self._metadata: dict[int, pq.FileMetaData] = {}
         self._positions: dict[tuple[str, str, int, str], int] | None = None
+        self._lookups = 0
 
     @classmethod
     def from_bytes(cls, data: bytes, shard_count: int) -> MemberIndex:
         """Parse index bytes; ``InvalidRecordError`` when they do not describe ``shard_count`` shards."""
         try:
             pf = pq.ParquetFile(pa.BufferReader(data))
-            table = pf.read(use_threads=False)
+            schema = pf.schema_arrow
             # file key-value metadata: the writer adds it when it closes the index (it is not in
             # the Arrow schema stored at the start of the stream)
             meta = pf.metadata.metadata or {}
@@ -237,13 +261,42 @@ class MemberIndex:
             raise InvalidRecordError(
                 f"member index describes {len(spans)} shards, the manifest {shard_count}"
             )
-        if not table.schema.remove_metadata().equals(INDEX_SCHEMA):
+        if not schema.remove_metadata().equals(INDEX_SCHEMA):
             raise InvalidRecordError("member index columns do not match the index schema")
-        return cls(table, spans, footers)
+        return cls(pf, spans, footers)
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        """One index column, decoded once."""
+        col = self._columns.get(name)
+        if col is None:
+            self.load(name)
+            col = self._columns[name]
+        return col
+
+    def load(self, *names: str) -> None:
+        """Decode the columns ``names`` not decoded yet, in one read."""
+        missing = [name for name in names if name not in self._columns]
+        if not missing:
+            return
+        try:
+            table = self._pf.read(columns=missing, use_threads=False)
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidRecordError(f"member index columns {missing} are not readable: {exc}") from None
+        for name in missing:
+            self._columns[name] = table.column(name)
+
+    @property
+    def table(self) -> pa.Table:
+        """Every column (decoded on first use)."""
+        if self._table is None:
+            self._table = pa.Table.from_arrays(
+                [self.column(name) for name in INDEX_SCHEMA.names], schema=INDEX_SCHEMA
+            )
+        return self._table
 
     @property
     def rows(self) -> int:
-        return int(self.table.num_rows)
+        return int(self._pf.metadata.num_rows)
 
     def footer_metadata(self, shard: int) -> pq.FileMetaData:
         """Parsed footer of ``shard`` (cached: parsing costs ~0.1 ms per row group)."""
@@ -256,32 +309,46 @@ class MemberIndex:
     def counts(self) -> dict[str, int]:
         """Members per kind."""
         out: dict[str, int] = {}
-        for row in self.table["kind"].value_counts().to_pylist():
+        for row in compute("value_counts", self.column("kind")).to_pylist():
             out[str(row["values"])] = int(row["counts"])
         return out
 
     def shards_with(self, kind: str | None) -> set[int]:
         """Shards that hold at least one member of ``kind`` (all shards that hold any when None)."""
-        col = (
-            self.table["shard"]
-            if kind is None
-            else self.table.filter(pc.equal(self.table["kind"], kind))["shard"]
-        )
-        return {int(v) for v in pc.unique(col).to_pylist()}
+        col = self.column("shard")
+        if kind is not None:
+            col = compute("filter", col, compute("equal", self.column("kind"), pa.scalar(kind)))
+        return {int(v) for v in compute("unique", col).to_pylist()}
 
     def position(self, kind: str, rollout_id: str, attempt: int, key: str) -> int | None:
-        """Row of the member in :attr:`table` (a dict built on first use, then O(1))."""
+        """Row of the member: the first lookups scan the identity columns in Arrow (no Python
+        object per member, so a cold lookup stays cheap); after ``_SCAN_LOOKUPS`` of them a
+        dict of every member is built, then each lookup is O(1)."""
+        if self._positions is None and self._lookups < _SCAN_LOOKUPS:
+            self._lookups += 1
+            self.load(*_LOOKUP_COLUMNS)
+            mask = compute("equal", self.column("rollout_id"), pa.scalar(rollout_id))
+            for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
+                mask = compute("and", mask, compute("equal", self.column(name), pa.scalar(value)))
+            rows = compute("indices_nonzero", mask)
+            return int(rows[0].as_py()) if len(rows) else None
         if self._positions is None:
-            cols = [self.table[name].to_pylist() for name in ("kind", "rollout_id", "attempt", "key")]
+            cols = [self.column(name).to_pylist() for name in ("kind", "rollout_id", "attempt", "key")]
             self._positions = {ident: i for i, ident in enumerate(zip(*cols, strict=True))}
         return self._positions.get((kind, rollout_id, attempt, key))
 
+    def locate(self, position: int) -> tuple[int, int, int]:
+        """(shard, row group, row) of the member at ``position``."""
+        return tuple(int(self.column(name)[position].as_py()) for name in ("shard", "row_group", "row"))  # type: ignore[return-value]
+
     def member_at(self, position: int) -> MemberRef:
-        row = self.table.slice(position, 1).to_pylist()[0]
+        row = {name: self.column(name)[position].as_py() for name in INDEX_SCHEMA.names}
         return _member(row)
 
     def members(self, kind: str | None = None, batch_rows: int = 4096) -> Iterator[MemberRef]:
-        table = self.table if kind is None else self.table.filter(pc.equal(self.table["kind"], kind))
+        table = self.table
+        if kind is not None:
+            table = compute("filter", table, compute("equal", table["kind"], pa.scalar(kind)))
         for batch in table.to_batches(max_chunksize=batch_rows):
             for row in batch.to_pylist():
                 yield _member(row)

@@ -13,6 +13,7 @@ import pyarrow as pa
 from ..layout import MANIFEST_NAME
 
 __all__ = [
+    "DEFAULT_ROW_GROUP_BYTES",
     "DEFAULT_ROW_GROUP_ROWS",
     "DEFAULT_TARGET_SHARD_BYTES",
     "DEFAULT_ZSTD_LEVEL",
@@ -34,6 +35,9 @@ __all__ = [
 
 DEFAULT_TARGET_SHARD_BYTES = 64 << 20
 DEFAULT_ROW_GROUP_ROWS = 1024
+DEFAULT_ROW_GROUP_BYTES = 1 << 20
+"""Uncompressed payload bytes after which a row group is cut (whatever the shard size): the
+writer holds about two row groups, and a point lookup downloads one."""
 DEFAULT_ZSTD_LEVEL = 1
 
 SHARD_FORMAT_VERSION = 1

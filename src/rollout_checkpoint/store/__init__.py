@@ -9,15 +9,19 @@ See ``docs/storage.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 from ._counting import CountingStore
 from ._delegating import DelegatingStore
-from ._fsspec import FsspecStore, MemoryStore
 from ._local import LocalStore
 from ._open import open_store
-from ._retry import RetryPolicy, is_transient
+
+if TYPE_CHECKING:
+    from ._fsspec import FsspecStore, MemoryStore
+    from ._retry import RetryPolicy, is_transient
+    from ._s3 import ProbeResult, S3Store
 
 __all__ = [
     "CountingStore",
@@ -37,10 +41,23 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # s3fs/aiobotocore are imported only when S3 is used.
-    if name in ("S3Store", "ProbeResult"):
-        from . import _s3
+# Imported on first use: s3fs/aiobotocore only when S3 is used, fsspec only for memory:// and
+# other fsspec stores, tenacity only for remote retries (a process that writes to local disk
+# loads none of them).
+_LAZY = {
+    "S3Store": "._s3",
+    "ProbeResult": "._s3",
+    "FsspecStore": "._fsspec",
+    "MemoryStore": "._fsspec",
+    "RetryPolicy": "._retry",
+    "is_transient": "._retry",
+}
 
-        return getattr(_s3, name)
-    raise AttributeError(name)
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import fsspec
-from fsspec.implementations.dirfs import DirFileSystem
-
 from ..errors import StoreError
 from ._base import ObjectStore
-from ._fsspec import FsspecStore, MemoryStore
 from ._local import LocalStore
 
 __all__ = ["open_store"]
@@ -48,6 +44,9 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
                 options=unknown,
             )
         return LocalStore(path, **options)
+    # fsspec is imported only for the stores that use it
+    from ._fsspec import FsspecStore, MemoryStore
+
     if protocol == "memory":
         if options:
             raise StoreError(
@@ -56,6 +55,9 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
                 options=sorted(options),
             )
         return MemoryStore(rest)
+    import fsspec
+    from fsspec.implementations.dirfs import DirFileSystem
+
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError, TypeError) as exc:

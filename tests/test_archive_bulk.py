@@ -1,0 +1,282 @@
+"""The columnar write path (write_columns / write_records), iter_dicts, streamed shards, lazy imports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+import pytest
+
+from rollout_checkpoint.archive import ArchiveReader, ArchiveStateError, ArchiveWriter
+from rollout_checkpoint.errors import (
+    InvalidIdentifierError,
+    InvalidRecordError,
+    ObjectNotFoundError,
+    StoreError,
+)
+from rollout_checkpoint.records import AgentBoundaryRecord, DispatchRecord, Record
+from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
+
+PREFIX = "checkpoints/c/components/agent/a0"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def boundaries(n: int, start: int = 0) -> list[AgentBoundaryRecord]:
+    return [
+        AgentBoundaryRecord(
+            rollout_id=f"r{i:05d}",
+            attempt=i % 2,
+            boundary_index=i % 7,
+            turn_index=i % 7,
+            last_model_call_id=f"call-{i}",
+            resource_revisions={"env-0": {"env": i}},
+            output_items=[{"text": "turn " * (i % 9)}, {"ids": list(range(i % 5))}],
+            usage={"tokens": i},
+            agent_state=None if i % 3 else b"\x00state",
+        )
+        for i in range(start, start + n)
+    ]
+
+
+def new_writer(store: ObjectStore, **kwargs: Any) -> ArchiveWriter:
+    return ArchiveWriter(store, PREFIX, checkpoint_id="c", participant_kind="agent", instance="a0", **kwargs)
+
+
+def write_as_records(writer: ArchiveWriter, records: list[AgentBoundaryRecord]) -> None:
+    writer.write_records(
+        "agent_boundary",
+        [r.model_dump(mode="json") for r in records],
+        key=lambda d: f"{d['boundary_index']:08d}",
+        revision="boundary_index",
+        refs=lambda d: {
+            "model_call": d["last_model_call_id"],
+            "pending_model_call": d["pending_model_call_id"],
+            "resources": d["resource_revisions"],
+        },
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_bulk_and_per_record_writes_mix_in_order(stream: bool, local_store: ObjectStore) -> None:
+    first, second, third = boundaries(30), boundaries(500, 30), boundaries(40, 530)
+    dispatch = [DispatchRecord(rollout_id=f"r{i:05d}", attempt=0, state="running") for i in range(50)]
+    writer = new_writer(local_store, target_shard_bytes=64 << 10, row_group_rows=64, stream_shards=stream)
+    for rec in first:
+        writer.write(rec)
+    write_as_records(writer, second)
+    writer.write_columns(
+        "dispatch",
+        [d.rollout_id for d in dispatch],
+        [d.attempt for d in dispatch],
+        [d.record_key for d in dispatch],
+        [d.to_payload() for d in dispatch],
+        refs=[d.index_refs() for d in dispatch],
+    )
+    for rec in third:
+        writer.write(rec)
+    manifest = writer.commit()
+    expected: list[Record] = [*first, *second, *dispatch, *third]
+    assert len(manifest.shards) > 2 and manifest.record_counts == {"agent_boundary": 570, "dispatch": 50}
+    reader = ArchiveReader.open(local_store, PREFIX)
+    reader.verify()
+    assert list(reader.iter_records()) == expected
+    # the index holds what write() would have put there, whichever path wrote the member
+    for ref, rec in zip(reader.members(), expected, strict=True):
+        assert (ref.kind, ref.rollout_id, ref.attempt, ref.key) == (
+            rec.kind,
+            rec.rollout_id,
+            rec.attempt,
+            rec.record_key,
+        )
+        assert ref.revision == rec.index_revision() and ref.refs == rec.index_refs()
+    for rec in (second[0], second[257], dispatch[49], third[-1]):
+        assert reader.get(rec.kind, rec.rollout_id, rec.attempt, rec.record_key) == rec
+    assert list(reader.iter_dicts("dispatch")) == [json.loads(d.to_payload()) for d in dispatch]
+    assert len(list(reader.iter_dicts())) == len(expected)
+
+
+def test_bulk_writes_cut_row_groups_and_shards_like_per_record_writes(local_store: ObjectStore) -> None:
+    records = boundaries(700)
+    layouts = []
+    for bulk in (False, True):
+        prefix = f"{PREFIX}-{int(bulk)}"
+        writer = ArchiveWriter(
+            local_store,
+            prefix,
+            checkpoint_id="c",
+            participant_kind="agent",
+            instance="a0",
+            target_shard_bytes=48 << 10,
+            row_group_rows=50,
+            row_group_bytes=5 << 10,
+        )
+        if bulk:
+            for i in range(0, len(records), 97):
+                write_as_records(writer, records[i : i + 97])
+        else:
+            for rec in records:
+                writer.write_raw(
+                    rec.kind,
+                    rec.rollout_id,
+                    rec.attempt,
+                    rec.record_key,
+                    orjson.dumps(rec.model_dump(mode="json")),  # the bytes write_records stores
+                    rec.index_revision(),
+                    rec.index_refs(),
+                )
+        manifest = writer.commit()
+        reader = ArchiveReader.open(local_store, prefix)
+        layouts.append(
+            (
+                [(s.records, s.row_groups) for s in manifest.shards],
+                [(m.shard, m.row_group, m.row) for m in reader.members()],
+            )
+        )
+    assert len(layouts[0][0]) > 3 and layouts[0] == layouts[1]
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"rollout_ids": ["ok", "bad/id"]}, InvalidIdentifierError),
+        ({"rollout_ids": ["ok", "a..b"]}, InvalidIdentifierError),
+        ({"attempts": [0, -1]}, InvalidRecordError),
+        ({"attempts": [0, True]}, InvalidRecordError),
+        ({"keys": ["k", ""]}, InvalidRecordError),
+        ({"keys": ["k", "k" * 1025]}, InvalidRecordError),
+        ({"payloads": [b"{}", "not bytes"]}, InvalidRecordError),
+        ({"revisions": [1, "2"]}, InvalidRecordError),
+        ({"keys": ["k"]}, InvalidRecordError),  # columns of different lengths
+        ({"rollout_ids": ["same", "same"], "keys": ["k", "k"]}, InvalidRecordError),  # duplicate
+    ],
+)
+def test_a_bad_batch_is_refused_whole(change: dict[str, Any], error: type[Exception]) -> None:
+    store = MemoryStore(f"bulk-bad-{uuid.uuid4().hex}")
+    writer = new_writer(store)
+    writer.write_columns("blob", ["r0"], [0], ["k"], [b"{}"])
+    columns: dict[str, Any] = {
+        "rollout_ids": ["ok", "ok2"],
+        "attempts": [0, 0],
+        "keys": ["k", "k"],
+        "payloads": [b"{}", b"{}"],
+        "revisions": [1, 2],
+    }
+    columns.update(change)
+    revisions = columns.pop("revisions")
+    with pytest.raises(error):
+        writer.write_columns("blob", **columns, revisions=revisions)
+    assert writer.records_written == 1  # nothing of the batch was taken; the writer goes on
+    writer.write_columns("blob", ["r1"], [0], ["k"], [b"{}"])
+    assert writer.commit().index.rows == 2
+
+
+def test_a_duplicate_of_an_earlier_member_is_refused_at_commit() -> None:
+    store = MemoryStore(f"bulk-dup-{uuid.uuid4().hex}")
+    writer = new_writer(store, row_group_rows=8)
+    writer.write_columns("blob", [f"r{i}" for i in range(20)], [0] * 20, ["k"] * 20, [b"{}"] * 20)
+    with pytest.raises(InvalidRecordError):  # still in the open row group: refused at once
+        writer.write_columns("blob", ["r19"], [0], ["k"], [b"{}"])
+    writer.write_columns("blob", ["r3"], [0], ["k"], [b"{}"])  # its row group is encoded already
+    with pytest.raises(InvalidRecordError, match="duplicate member blob/r3#0/k"):
+        writer.commit()
+    with pytest.raises(ObjectNotFoundError):
+        ArchiveReader.open(store, PREFIX)
+
+
+def test_write_records_refuses_what_is_not_json() -> None:
+    writer = new_writer(MemoryStore(f"bulk-json-{uuid.uuid4().hex}"))
+    with pytest.raises(InvalidRecordError, match="not JSON"):
+        writer.write_records("blob", [{"rollout_id": "r", "attempt": 0, "x": b"raw"}], key=lambda d: "k")
+    with pytest.raises(InvalidRecordError, match="rollout_id"):
+        writer.write_records("blob", [{"attempt": 0}], key=lambda d: "k")
+
+
+class FailingShardStreams(LocalStore):
+    """Local disk whose shard streams fail after ``fail_after`` writes."""
+
+    fail_after = 3
+
+    @contextlib.contextmanager
+    def open_write(self, key: str) -> Iterator[BinaryIO]:
+        with super().open_write(key) as fh:
+            if "/shards/" not in key:
+                yield fh
+                return
+            store = self
+
+            class Failing:
+                writes = 0
+
+                def write(self, data: Any) -> int:
+                    Failing.writes += 1
+                    if Failing.writes > store.fail_after:
+                        raise StoreError("injected shard stream failure", key=key)
+                    return fh.write(data)
+
+            yield Failing()  # type: ignore[misc]
+
+
+def test_a_failed_shard_stream_breaks_the_writer_and_publishes_nothing(tmp_path: Path) -> None:
+    store = FailingShardStreams(str(tmp_path))
+    writer = new_writer(store, target_shard_bytes=32 << 10, row_group_rows=16)
+    assert writer.stream_shards
+    with pytest.raises(ArchiveStateError) as info:
+        for i in range(0, 2000, 50):
+            write_as_records(writer, boundaries(50, i))
+        writer.commit()
+    assert isinstance(info.value.__cause__, StoreError)
+    with pytest.raises(ArchiveStateError):
+        writer.commit()
+    writer.abort()
+    with pytest.raises(ObjectNotFoundError):
+        ArchiveReader.open(store, PREFIX)
+    # the failed stream was discarded: no partial shard object, no temp file left behind
+    shards = [p for p in tmp_path.rglob("*") if p.is_file() and "shards" in p.parts]
+    listed = [i.key for i in store.list(PREFIX) if "/shards/" in i.key]
+    assert len(shards) == len(listed)  # only whole, finished shards (unreferenced garbage)
+
+
+def test_importing_the_package_loads_no_s3_or_cli_stack() -> None:
+    code = (
+        "import sys, rollout_checkpoint, rollout_checkpoint.archive\n"
+        "heavy = ['s3fs', 'aiobotocore', 'botocore', 'typer', 'rich', 'fsspec', 'pyarrow.compute']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "rollout_checkpoint.Coordinator, rollout_checkpoint.MemoryStore\n"
+        "print(sorted(m for m in ('fsspec', 's3fs') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.splitlines()
+    assert out == ["[]", "['fsspec']"]  # a memory store needs fsspec; S3 is still not loaded
+
+
+@pytest.mark.slow
+def test_peer_store_benchmark_runs_quick(tmp_path: Path) -> None:
+    script = str(ROOT / "benchmarks" / "peer_store.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--quick", "--json", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    for key in (
+        "write_ratio",
+        "rss_ratio",
+        "disk_ratio",
+        "lookup_speedup",
+        "read_all_ratio",
+        "sdk_peak_rss_mb",
+        "baseline_peak_rss_mb",
+    ):
+        assert isinstance(result[key], float | int), key
+    assert set(result["local"]["500"]) >= {"sdk", "baseline", "write_ratio"}
