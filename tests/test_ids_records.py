@@ -24,7 +24,22 @@ from rollout_checkpoint.records import (
     decode_record,
 )
 
-BAD_IDS = ["", "a/b", "..", "a..b", "-lead", ".hidden", "a\x00b", "tab\there", "x" * 129, "é", "a b", "a\\b"]
+BAD_IDS = [
+    "",
+    "a/b",
+    "..",
+    "a..b",
+    "-lead",
+    ".hidden",
+    "a\x00b",
+    "tab\there",
+    "x" * 129,
+    "é",
+    "a b",
+    "a\\b",
+    "trailing\n",
+    "r1\r\n",
+]
 
 
 @pytest.mark.parametrize("value", BAD_IDS)

@@ -39,7 +39,7 @@ def validate_id(value: str, what: str = "identifier") -> str:
             f"{what} is {len(value)} characters long; at most {ID_MAX_LENGTH} are allowed",
             value=value[:ID_MAX_LENGTH] + "...",
         )
-    if ".." in value or not ID_PATTERN.match(value):
+    if ".." in value or not ID_PATTERN.fullmatch(value):  # fullmatch: "$" alone admits "a\n"
         raise InvalidIdentifierError(
             f"{what} {value!r} is not allowed: use letters, digits, '.', '_' and '-', "
             "starting with a letter or digit, and no '..'",
