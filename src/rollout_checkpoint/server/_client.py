@@ -79,7 +79,8 @@ class RemoteParticipant:
     ``base_url`` is the server (``http://127.0.0.1:8001``); ``token`` its control token.
     ``attempts`` bounds the tries of one call (never past its deadline); ``default_timeout_s``
     applies to the two calls without a deadline (``status``, ``forget``). ``transport`` lets a
-    caller pass an httpx transport (a Unix socket, an ASGI app in tests).
+    caller pass an httpx transport (a Unix socket). ``capabilities``, when known, name the
+    participant without asking it (and a server answering with others is refused).
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class RemoteParticipant:
         answer_margin_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
+        capabilities: Capabilities | None = None,
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
@@ -107,7 +109,7 @@ class RemoteParticipant:
             transport=transport,
             trust_env=False,
         )
-        self._capabilities: Capabilities | None = None
+        self._capabilities: Capabilities | None = capabilities
 
     def __repr__(self) -> str:
         return f"RemoteParticipant({self.base_url!r})"

@@ -55,7 +55,14 @@ from ._wire import (
     status_for,
 )
 
-__all__ = ["CONTROL_THREADS", "checkpoint_router", "control_app", "error_response", "install_participant"]
+__all__ = [
+    "CONTROL_THREADS",
+    "checkpoint_router",
+    "control_app",
+    "error_response",
+    "install_error_handlers",
+    "install_participant",
+]
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +253,17 @@ def checkpoint_router(
         return ForgetReply(forgotten=len(body.rollout_ids))
 
     return router
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every :class:`CheckpointError` an app's own routes raise (a stale attempt, closed
+    admission, an unknown session) in the control plane's error shape and statuses."""
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, CheckpointError)
+        return error_response(status_for(exc), exc.code, exc.message)
+
+    app.add_exception_handler(CheckpointError, handler)
 
 
 def install_participant(
