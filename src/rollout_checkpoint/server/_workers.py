@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -121,6 +121,7 @@ class WorkerGroup:
         self._resumed: set[str] = set()
         self._aliases: dict[str, str] = {}
         self._rollouts: dict[str, str] = {}
+        self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.store.url!r}, workers={len(self._roster)}/{self.expected_workers})"
@@ -202,6 +203,7 @@ class WorkerGroup:
         with self._lock:
             if self._roster.get(worker.worker_id) is worker:
                 del self._roster[worker.worker_id]
+                self._gone.append(worker.worker_id)
                 log.warning("worker %s (pid %d) is gone; it left the roster", worker.worker_id, worker.pid)
         worker.client.close()
 
@@ -263,9 +265,9 @@ class WorkerGroup:
         blockers = [f"{wid}: {b}" for wid in sorted(reports) for b in reports[wid].blockers]
         count = sum(r.blocker_count for r in reports.values())
         if missing > 0:
-            blockers.insert(
-                0, f"{missing} of {self.expected_workers} workers missing (died, not yet replaced)"
-            )
+            with self._lock:
+                gone = ", ".join(self._gone) or "none registered yet"
+            blockers.insert(0, f"{missing} of {self.expected_workers} workers missing (gone: {gone})")
             count += missing
         counts: dict[str, int] = {"workers": len(reports)}
         for report in reports.values():
