@@ -4,7 +4,7 @@
         [--rollouts 1000 10000 100000] [--runs R] [--json]
 
 For every N: in-process participants of each kind (agent, policy model, resources: 3
-participants, ``rollout_checkpoint._cli_protocol.DemoDeployment``) hold N live rollouts (20%
+participants, ``rollout_checkpoint.cli._demo.DemoDeployment``) hold N live rollouts (20%
 finished and handed off, 10% never started, 10% restart-only, 60% parked at a turn boundary
 with a staged model call, a resources session and ``--state-bytes`` of opaque agent state).
 One checkpoint cycle is timed:
@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, median, payloads, peak_rss_mb, storage_options
-from rollout_checkpoint._cli_protocol import DemoDeployment
+from rollout_checkpoint.cli._demo import DemoDeployment
 from rollout_checkpoint.layout import checkpoint_prefix
 from rollout_checkpoint.recovery import load_checkpoint
 from rollout_checkpoint.store import open_store

@@ -1,7 +1,7 @@
 """Test helpers for the protocol layer: a scripted participant on the real control plane and
 builders that give each recovery rule a checkpoint to classify.
 
-``ScriptedParticipant`` subclasses :class:`rollout_checkpoint.participant.Participant`, so the
+``ScriptedParticipant`` subclasses :class:`rollout_checkpoint.control_plane.Participant`, so the
 phases, fencing, idempotency and lease are the production ones; only *what* it exports is set by
 the test (any records, restarts, blockers).
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rollout_checkpoint.control import CheckpointMode, ParticipantKind, Phase
+from rollout_checkpoint.control_plane import Export, Participant, Readiness
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.participant import Export, Participant, Readiness
 from rollout_checkpoint.records import (
     AgentBoundaryRecord,
     ModelCallLineageRecord,

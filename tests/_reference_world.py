@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
+from rollout_checkpoint.control_plane import Participant
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.participant import Participant
 from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rollout_checkpoint import _cli_archive
-from rollout_checkpoint._cli_archive import Finding, register_verifier
 from rollout_checkpoint.archive import ArchiveWriter
+from rollout_checkpoint.cli import _archive as _cli_archive
 from rollout_checkpoint.cli import app
+from rollout_checkpoint.cli._archive import Finding, register_verifier
 from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectInfo, ObjectStore, open_store
 from test_archive import PREFIX, make_records, write_archive
 

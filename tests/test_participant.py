@@ -14,6 +14,13 @@ import pytest
 from rollout_checkpoint import archive
 from rollout_checkpoint.archive import ArchiveReader
 from rollout_checkpoint.control import ParticipantControl, Phase
+from rollout_checkpoint.control_plane import (
+    BLOCKERS_REPORTED,
+    RESUMED_IDS_KEPT,
+    Export,
+    Participant,
+    Readiness,
+)
 from rollout_checkpoint.errors import (
     AdmissionClosedError,
     CheckpointError,
@@ -26,13 +33,6 @@ from rollout_checkpoint.errors import (
     UnknownExecutionError,
 )
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.participant import (
-    BLOCKERS_REPORTED,
-    RESUMED_IDS_KEPT,
-    Export,
-    Participant,
-    Readiness,
-)
 from rollout_checkpoint.participants import AgentParticipant
 from rollout_checkpoint.records import AgentBoundaryRecord, Record
 from rollout_checkpoint.store import MemoryStore, ObjectStore, PutResult

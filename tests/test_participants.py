@@ -13,6 +13,7 @@ import pytest
 from rollout_checkpoint import layout
 from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter
 from rollout_checkpoint.control import Phase
+from rollout_checkpoint.control_plane import Participant
 from rollout_checkpoint.errors import (
     AdmissionClosedError,
     CheckpointError,
@@ -22,7 +23,6 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
 )
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.participant import Participant
 from rollout_checkpoint.participants import (
     AgentParticipant,
     JsonCodec,

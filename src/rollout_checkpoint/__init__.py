@@ -21,6 +21,7 @@ from .control import (
     ResumeReply,
     UnsafeEffect,
 )
+from .control_plane import Participant
 from .coordinator import (
     CheckpointCancelledError,
     CheckpointNotReadyError,
@@ -56,7 +57,6 @@ from .errors import (
 from .fencing import AttemptFence
 from .ids import ExecutionId, validate_id
 from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, PublishedCheckpoint
-from .participant import Participant
 from .participants import (
     AgentParticipant,
     JsonCodec,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from .errors import CheckpointError
+from ..errors import CheckpointError, StoreError
+from ..store import ObjectStore, open_store
 
-__all__ = ["EndpointOpt", "JsonOpt", "UrlArg", "console", "fail"]
+__all__ = ["EndpointOpt", "JsonOpt", "UrlArg", "console", "fail", "open_cli_store"]
 
 UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
 EndpointOpt = Annotated[
@@ -36,3 +38,17 @@ def fail(exc: CheckpointError, as_json: bool) -> typer.Exit:
     else:
         console(stderr=True).print(f"[red]error[/] ({exc.code}): {exc.message}")
     return typer.Exit(1)
+
+
+def open_cli_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
+    """Open ``url`` for a CLI command: ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) applies to S3 only."""
+    protocol, sep, rest = url.partition("://")
+    if not sep or protocol.lower() in ("file", "local"):
+        # a read-only command must not create the directory a mistyped path names
+        path = os.path.expanduser(rest if sep else url)
+        if not os.path.isdir(path):
+            raise StoreError(f"{url}: no such directory", url=url)
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    if url.lower().startswith(("s3://", "s3a://")) and endpoint:
+        return open_store(url, endpoint_url=endpoint)
+    return open_store(url)

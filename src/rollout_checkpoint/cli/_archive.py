@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,20 +16,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ._cli_common import EndpointOpt, JsonOpt, UrlArg
-from ._cli_common import console as _console
-from ._cli_common import fail as _fail
-from .archive import ArchiveReader, component_prefixes
-from .errors import CheckpointError, StoreError
-from .layout import MANIFEST_NAME
-from .store import ObjectInfo, ObjectStore, open_store
+from ..archive import ArchiveReader, component_prefixes
+from ..errors import CheckpointError
+from ..layout import MANIFEST_NAME
+from ..store import ObjectInfo, ObjectStore
+from ._common import EndpointOpt, JsonOpt, UrlArg, open_cli_store
+from ._common import console as _console
+from ._common import fail as _fail
 
 __all__ = [
     "VERIFIERS",
     "Finding",
     "Verifier",
     "inspect_store",
-    "open_cli_store",
     "register",
     "register_verifier",
     "verify_component_archives",
@@ -51,20 +49,6 @@ class Finding:
 
 Verifier = Callable[[ObjectStore, Sequence[ObjectInfo]], Iterable[Finding]]
 """Checks one store, given one fresh listing of it; yields a finding per thing it checked."""
-
-
-def open_cli_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
-    """Open ``url`` for a CLI command: ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) applies to S3 only."""
-    protocol, sep, rest = url.partition("://")
-    if not sep or protocol.lower() in ("file", "local"):
-        # a read-only command must not create the directory a mistyped path names
-        path = os.path.expanduser(rest if sep else url)
-        if not os.path.isdir(path):
-            raise StoreError(f"{url}: no such directory", url=url)
-    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
-    if url.lower().startswith(("s3://", "s3a://")) and endpoint:
-        return open_store(url, endpoint_url=endpoint)
-    return open_store(url)
 
 
 def _component_keys(reader: ArchiveReader) -> set[str]:

@@ -1,0 +1,53 @@
+"""The in-process participant control plane: phases, admission gate, lease and idempotency.
+
+:class:`Participant` implements :class:`~rollout_checkpoint.control.ParticipantControl` once
+for every kind of server; a subclass (the reference kinds are in
+:mod:`rollout_checkpoint.participants`) only says what "ready" means (:class:`Readiness`), what
+it exports (:class:`Export`) and how it validates and installs restored state.
+
+Phases::
+
+    idle --prepare--> preparing --(ready)--> prepared --commit--> committed
+    idle --restore--> restored
+    any  --resume---> idle          (resume is also abort; a lease expiry is a resume)
+
+Rules every operation follows (see ``docs/participants.md``):
+
+* it carries a ``checkpoint_id`` (validated as an id) and an absolute ``deadline`` (epoch
+  seconds); an already expired deadline raises ``deadline_exceeded`` and changes nothing;
+* repeating it for the same id is idempotent and returns the same answer (commit exports and
+  writes its manifest exactly once);
+* a different active id is ``checkpoint_conflict``; an id already resumed is
+  ``stale_checkpoint`` forever after (the last :data:`RESUMED_IDS_KEPT` ids are remembered), so a
+  late prepare can never close admission again;
+* while a checkpoint is active a lease (latest deadline + ``lease_grace_seconds``) runs; when it
+  expires the participant resumes by itself, checked lazily on every call and by a timer thread.
+
+One condition variable (``self._cond``) guards all state, the subclass's included: subclasses
+mutate their state while holding it and call ``_changed()`` when work reaches a safe boundary,
+which wakes a waiting prepare (no busy-wait).
+
+Modules, bottom up: ``_lease`` (deadlines, the lease), ``_idempotency`` (cached replies,
+resumed ids), ``_hooks`` (what a kind hands back), ``_phases`` (state and transitions),
+``_admission`` (the gate for new work, live executions), ``_component`` (archive I/O of commit
+and restore), ``_participant`` (the operations).
+"""
+
+from __future__ import annotations
+
+from ._hooks import Export, Readiness, execution_key, restamp, wrong_kind
+from ._idempotency import RESUMED_IDS_KEPT
+from ._lease import DEFAULT_LEASE_GRACE_SECONDS
+from ._participant import BLOCKERS_REPORTED, Participant
+
+__all__ = [
+    "BLOCKERS_REPORTED",
+    "DEFAULT_LEASE_GRACE_SECONDS",
+    "RESUMED_IDS_KEPT",
+    "Export",
+    "Participant",
+    "Readiness",
+    "execution_key",
+    "restamp",
+    "wrong_kind",
+]

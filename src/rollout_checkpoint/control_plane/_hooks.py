@@ -1,0 +1,50 @@
+"""What a participant kind hands the control plane (:class:`Readiness`, :class:`Export`) and the
+small execution helpers the kinds share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import InvalidRecordError
+from ..ids import ExecutionId
+from ..records import Record
+
+__all__ = ["Export", "Readiness", "execution_key", "restamp", "wrong_kind"]
+
+
+def execution_key(execution: ExecutionId) -> tuple[str, int]:
+    """Sort key of an execution (rollout id, then attempt)."""
+    return (execution.rollout_id, execution.attempt)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """A subclass's answer to "may a checkpoint be taken now?": ready when nothing blocks."""
+
+    blockers: Sequence[str] = ()
+    counts: Mapping[str, int] = field(default_factory=dict)
+    restarts: Sequence[ExecutionId] = ()
+
+
+@dataclass(frozen=True)
+class Export:
+    """What a subclass commits: records to archive, the executions they cover, and the live
+    executions that must restart from their input instead (restart-only state)."""
+
+    records: Sequence[Record]
+    executions: Sequence[ExecutionId]
+    restarts: Sequence[ExecutionId] = ()
+
+
+def restamp(record: Record, attempt: int) -> Record:
+    """The same record under another attempt (restore installs attempt N's state as N+1)."""
+    return record.model_copy(update={"attempt": attempt})
+
+
+def wrong_kind(record: Record, expected: str) -> InvalidRecordError:
+    """The error for a restored record this kind of participant does not hold."""
+    return InvalidRecordError(
+        f"{record.kind} record of {record.execution} cannot be restored by a {expected} participant",
+        kind=record.kind,
+    )

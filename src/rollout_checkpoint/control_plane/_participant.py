@@ -1,0 +1,457 @@
+"""The :class:`Participant` base class: the control operations every kind of server shares.
+
+:class:`Participant` implements :class:`~rollout_checkpoint.control.ParticipantControl` once
+for every kind of server; a subclass only says what "ready" means, what it exports and how it
+validates and installs restored state (the hooks below, in the spirit of NeMo Gym's
+``CheckpointParticipant``). The state and phase transitions live in :mod:`._phases`, admission
+in :mod:`._admission`, the archive I/O in :mod:`._component`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+
+from pydantic import JsonValue
+
+from ..control import (
+    CommitReply,
+    Phase,
+    PrepareReport,
+    RestoreReply,
+    ResumeReply,
+    UnsafeEffect,
+)
+from ..errors import (
+    CheckpointConflictError,
+    DeadlineExceededError,
+    IdentityConflictError,
+    InvalidPhaseError,
+    StaleCheckpointError,
+)
+from ..fencing import AttemptFence
+from ..ids import ExecutionId, validate_id
+from ..records import Record
+from ..store import ObjectStore
+from ._admission import AdmissionGate
+from ._component import read_component, write_component
+from ._hooks import Export, Readiness, execution_key
+from ._lease import check_deadline
+
+__all__ = ["BLOCKERS_REPORTED", "Participant"]
+
+BLOCKERS_REPORTED = 100
+"""A prepare report names at most this many blockers; ``blocker_count`` is never capped."""
+
+
+class Participant(AdmissionGate, abc.ABC):
+    """Base class of every in-process participant; see the package docstring for the rules."""
+
+    # -- control operations ---------------------------------------------------------------------
+    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+        """Close admission, wait (until ``deadline``) for accepted work to reach a safe boundary.
+
+        Not ready by the deadline is an answer (``ready=False``), not an error: admission stays
+        closed until resume (or lease expiry). A repeat for the same id waits again, or returns
+        the cached report once ready.
+        """
+        validate_id(checkpoint_id, "checkpoint_id")
+        with self._cond:
+            now = self._clock()
+            self._check_lease()
+            check_deadline(deadline, now, "prepare")
+            self._refuse_stale(checkpoint_id)
+            if self._active is None:
+                self._active = checkpoint_id
+                self._phase = Phase.PREPARING
+                self._set_accepting(False)
+            elif self._active != checkpoint_id:
+                raise self._conflict(checkpoint_id, "prepare")
+            elif self._phase is Phase.RESTORED or self._restoring():
+                raise InvalidPhaseError(
+                    f"{checkpoint_id} is a restore here; resume it before preparing a checkpoint",
+                    phase=self._phase.value,
+                )
+            self._extend_lease(deadline)
+            try:
+                return self._wait_ready(checkpoint_id, deadline)
+            except BaseException:
+                if self._active == checkpoint_id and self._phase is Phase.PREPARING:
+                    self._end_checkpoint("prepare failed")
+                raise
+
+    def commit(
+        self,
+        checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+    ) -> CommitReply:
+        """Re-check readiness, export once through the archive writer, write the manifest last.
+
+        ``scope`` limits the exported executions (those the coordinator continues); executions
+        the participant does not track are ignored. A retry after a lost answer returns the
+        cached reply, or adopts a manifest that the lost try already wrote with the same content.
+        """
+        validate_id(checkpoint_id, "checkpoint_id")
+        check_deadline(deadline, self._clock(), "commit")
+        scope_set = frozenset(scope) if scope is not None else None
+        self._acquire_gate(deadline, "commit")
+        try:
+            with self._cond:
+                self._check_lease()
+                check_deadline(deadline, self._clock(), "commit")
+                self._refuse_stale(checkpoint_id)
+                if self._active is None:
+                    raise InvalidPhaseError(f"commit {checkpoint_id}: prepare it first", phase="idle")
+                if self._active != checkpoint_id:
+                    raise self._conflict(checkpoint_id, "commit")
+                if self._phase is Phase.COMMITTED and self._replies.commit is not None:
+                    return self._replies.commit
+                if self._phase is not Phase.PREPARED:
+                    raise InvalidPhaseError(
+                        f"commit {checkpoint_id}: phase is {self._phase.value}, not prepared",
+                        phase=self._phase.value,
+                    )
+                readiness = self._readiness()
+                if readiness.blockers:
+                    # Readiness regressed (a blocker appeared): a new prepare must wait again.
+                    self._phase = Phase.PREPARING
+                    self._replies.prepare = None
+                    raise InvalidPhaseError(
+                        f"commit {checkpoint_id}: no longer ready ({len(readiness.blockers)} blockers)",
+                        phase=self._phase.value,
+                        blockers=list(readiness.blockers[:BLOCKERS_REPORTED]),
+                    )
+                self._extend_lease(deadline)
+                export = self._export(scope_set)
+                restarts = sorted(set(export.restarts), key=execution_key)
+                executions = sorted(set(export.executions), key=execution_key)
+                effects = self._effects_in(scope_set)
+                extra: dict[str, JsonValue] = {
+                    "capabilities": self._capabilities.model_dump(mode="json"),
+                    "tombstones": dict(self.fence.snapshot()),
+                    "executions": [[e.rollout_id, e.attempt] for e in executions],
+                    "restarts": [[e.rollout_id, e.attempt] for e in restarts],
+                    "unsafe_effects": [u.model_dump(mode="json") for u in effects],
+                }
+                for name, value in self._manifest_extra().items():
+                    extra.setdefault(name, value)
+                generation = self._generation
+            ref = self._write_component(checkpoint_id, store, deadline, export.records, extra, generation)
+            with self._cond:
+                reply = CommitReply(
+                    checkpoint_id=checkpoint_id,
+                    phase=Phase.COMMITTED,
+                    kind=self.kind,
+                    instance=self.instance,
+                    manifest_key=ref[0],
+                    manifest_sha256=ref[1],
+                    manifest_bytes=ref[2],
+                    executions=tuple(executions),
+                    restarts=tuple(restarts),
+                    unsafe_effects=tuple(effects),
+                )
+                self._phase = Phase.COMMITTED
+                self._replies.commit = reply
+                return reply
+        finally:
+            self._op_gate.release()
+
+    def restore(
+        self,
+        checkpoint_id: str,
+        source_checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+    ) -> RestoreReply:
+        """Install the source checkpoint's state under attempt N+1 and tombstone N.
+
+        ``checkpoint_id`` is a new id naming this restore; ``scope`` names the *source*
+        executions (attempt N) to restore (default: all). The whole set is read, verified and
+        validated before any of it is installed: a failure changes nothing and reopens
+        admission. Success leaves the participant paused (phase ``restored``) until resume.
+        """
+        validate_id(checkpoint_id, "checkpoint_id")
+        validate_id(source_checkpoint_id, "source_checkpoint_id")
+        check_deadline(deadline, self._clock(), "restore")
+        scope_set = frozenset(scope) if scope is not None else None
+        self._acquire_gate(deadline, "restore")
+        try:
+            with self._cond:
+                self._check_lease()
+                check_deadline(deadline, self._clock(), "restore")
+                self._refuse_stale(checkpoint_id)
+                if self._active == checkpoint_id and self._replies.restore is not None:
+                    if self._replies.restore.source_checkpoint_id != source_checkpoint_id:
+                        raise CheckpointConflictError(
+                            f"restore {checkpoint_id} already restored "
+                            f"{self._replies.restore.source_checkpoint_id}, not {source_checkpoint_id}"
+                        )
+                    return self._replies.restore
+                if self._active is not None:
+                    raise self._conflict(checkpoint_id, "restore")
+                if self._live:
+                    raise InvalidPhaseError(
+                        f"restore {checkpoint_id}: {len(self._live)} live executions here; restore needs "
+                        "a participant with none (retire them first)",
+                        phase=self._phase.value,
+                        live=len(self._live),
+                    )
+                self._active = checkpoint_id
+                self._set_accepting(False)
+                self._extend_lease(deadline)
+                generation = self._generation
+            try:
+                return self._restore(
+                    checkpoint_id, source_checkpoint_id, store, deadline, scope_set, generation
+                )
+            except BaseException:
+                with self._cond:
+                    if self._active == checkpoint_id and self._phase is not Phase.RESTORED:
+                        # Nothing was installed: forget this try so the same id may be retried.
+                        self._active = None
+                        self._lease.clear()
+                        self._set_accepting(True)
+                raise
+        finally:
+            self._op_gate.release()
+
+    def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
+        """Return to idle and reopen admission (also the abort). Fences the id for good, even on
+        a participant that never saw it, so a delayed prepare cannot close admission later."""
+        validate_id(checkpoint_id, "checkpoint_id")
+        with self._cond:
+            self._check_lease()
+            check_deadline(deadline, self._clock(), "resume")
+            if checkpoint_id in self._resumed:
+                return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=True)
+            if self._active is None:
+                self._resumed.remember(checkpoint_id)
+                return ResumeReply(checkpoint_id=checkpoint_id, phase=self._phase, idempotent=True)
+            if self._active != checkpoint_id:
+                raise self._conflict(checkpoint_id, "resume")
+            self._end_checkpoint("resume")
+            return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
+
+    def renew(self, checkpoint_id: str, deadline: float) -> None:
+        """Extend the lease of the active checkpoint to ``deadline + lease_grace_seconds``."""
+        validate_id(checkpoint_id, "checkpoint_id")
+        with self._cond:
+            self._check_lease()
+            check_deadline(deadline, self._clock(), "renew")
+            self._refuse_stale(checkpoint_id)
+            if self._active != checkpoint_id:
+                raise self._conflict(checkpoint_id, "renew")
+            self._extend_lease(deadline)
+
+    def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
+        """Tombstone these attempts and drop their live state (only in idle/restored).
+
+        Retiring an attempt below its rollout's tombstone is ``stale_attempt`` (nothing
+        changes); retiring exactly the tombstoned attempt again is an idempotent no-op, so a
+        retry after a lost answer succeeds.
+        """
+        with self._cond:
+            self._check_lease()
+            check_deadline(deadline, self._clock(), "retire")
+            if self._phase not in (Phase.IDLE, Phase.RESTORED) or self._restoring():
+                raise InvalidPhaseError(
+                    f"retire during {self._phase.value} ({self._active}): resume first",
+                    phase=self._phase.value,
+                )
+            batch = list(executions)
+            for execution in batch:
+                mark = self.fence.highest(execution.rollout_id)
+                if mark is not None and execution.attempt < mark:
+                    self.fence.check(execution)
+            self.fence.retire(batch)
+            self._retire_state(batch)
+            for live in self._covered_live(batch):
+                self._live.pop(live.rollout_id, None)
+            self._changed()
+
+    def forget(self, rollout_ids: Sequence[str]) -> None:
+        """The framework will never run these rollouts again: drop their tombstones and effects."""
+        ids = [validate_id(r, "rollout_id") for r in rollout_ids]
+        with self._cond:
+            self._check_lease()
+            self.fence.forget(ids)
+            for rollout_id in ids:
+                self._effects.pop(rollout_id, None)
+
+    def declare_unsafe_effect(self, execution: ExecutionId, description: str) -> UnsafeEffect:
+        """Record an external effect that cannot be rolled back (an e-mail sent, a payment made).
+
+        It goes into every later commit covering the rollout, and the recovery reader rejects
+        such a checkpoint. Kept until the rollout is forgotten.
+        """
+        effect = UnsafeEffect(
+            rollout_id=execution.rollout_id, attempt=execution.attempt, description=description
+        )
+        with self._cond:
+            self._check_lease()
+            self.fence.check(execution)
+            self._effects.setdefault(execution.rollout_id, []).append(effect)
+        return effect
+
+    def close(self) -> None:
+        """Stop the lease timer (the participant stays usable; the lease is then checked lazily)."""
+        with self._cond:
+            self._lease.stop_timer()
+
+    # -- hooks ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _readiness(self) -> Readiness:
+        """Blockers (accepted work not at a safe boundary), counts and restarts. Lock held."""
+
+    @abc.abstractmethod
+    def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        """Snapshot the state to commit (immutable records). Lock held; no I/O here."""
+
+    @abc.abstractmethod
+    def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
+        """Validate the whole restored set (attempt N records) and return an installer.
+
+        Raise (``InvalidRecordError``, ``IdentityConflictError``...) on any problem: nothing is
+        installed then. The installer runs with the lock held, must not fail, installs every
+        execution under attempt N+1 and returns those next attempts. No lock held here.
+        """
+
+    @abc.abstractmethod
+    def _retire_state(self, executions: Sequence[ExecutionId]) -> None:
+        """Drop the live state of these attempts (and of earlier attempts of their rollouts).
+
+        Subclass state exists only for registered executions, so ``self._covered_live(executions)``
+        names exactly what to drop (still registered while this hook runs). Lock held.
+        """
+
+    def _manifest_extra(self) -> Mapping[str, JsonValue]:
+        """Additional JSON for the component manifest (cannot override the standard keys)."""
+        return {}
+
+    # -- internals ----------------------------------------------------------------------------
+    def _wait_ready(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+        while True:
+            if self._active != checkpoint_id:
+                # The checkpoint ended (resume or lease expiry) while this prepare waited.
+                return PrepareReport(checkpoint_id=checkpoint_id, phase=Phase.IDLE, ready=False)
+            if self._phase in (Phase.PREPARED, Phase.COMMITTED) and self._replies.prepare is not None:
+                return self._replies.prepare
+            readiness = self._readiness()
+            ready = not readiness.blockers
+            report = PrepareReport(
+                checkpoint_id=checkpoint_id,
+                phase=Phase.PREPARED if ready else Phase.PREPARING,
+                ready=ready,
+                blockers=tuple(readiness.blockers[:BLOCKERS_REPORTED]),
+                blocker_count=len(readiness.blockers),
+                counts=dict(readiness.counts),
+                restarts=tuple(sorted(set(readiness.restarts), key=execution_key)),
+            )
+            if ready:
+                self._phase = Phase.PREPARED
+                self._replies.prepare = report
+                return report
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                self.events["prepare_not_ready"] += 1
+                return report
+            self._cond.wait(self._wait_slice(remaining))
+            self._check_lease()
+
+    def _write_component(
+        self,
+        checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        records: Sequence[Record],
+        extra: dict[str, JsonValue],
+        generation: int,
+    ) -> tuple[str, str, int]:
+        return write_component(
+            store,
+            checkpoint_id,
+            self.kind,
+            self.instance,
+            records,
+            extra,
+            lock=self._cond,
+            check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
+        )
+
+    def _restore(
+        self,
+        checkpoint_id: str,
+        source_checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: frozenset[ExecutionId] | None,
+        generation: int,
+    ) -> RestoreReply:
+        source = read_component(
+            store,
+            source_checkpoint_id,
+            self.kind,
+            self.instance,
+            scope,
+            lambda: self._check_still_active(checkpoint_id, generation, deadline, "restore"),
+        )
+        by_rollout: dict[str, ExecutionId] = {}
+        for execution in source.fenced:
+            other = by_rollout.setdefault(execution.rollout_id, execution)
+            if other != execution:
+                raise IdentityConflictError(
+                    f"{source.prefix}: rollout {execution.rollout_id!r} has attempts {other.attempt} and "
+                    f"{execution.attempt} in one checkpoint"
+                )
+            self.fence.check(execution.next_attempt())
+        install = self._validate_restore(source.records)
+        with self._cond:
+            self._check_still_active(checkpoint_id, generation, deadline, "restore")
+            before = self.fence.snapshot()
+            self.fence.load(source.tombstones.snapshot())
+            self.fence.retire(source.fenced)
+            try:
+                restored = sorted(install(), key=execution_key)
+                for execution in restored:
+                    self._register(execution)
+            except BaseException:
+                self.fence = AttemptFence(before)
+                raise
+            reply = RestoreReply(
+                checkpoint_id=checkpoint_id,
+                source_checkpoint_id=source_checkpoint_id,
+                phase=Phase.RESTORED,
+                restored=tuple(restored),
+            )
+            self._phase = Phase.RESTORED
+            self._replies.restore = reply
+            self._changed()
+            return reply
+
+    def _check_still_active(self, checkpoint_id: str, generation: int, deadline: float, op: str) -> None:
+        with self._cond:
+            self._check_lease()
+            if self._generation != generation or self._active != checkpoint_id:
+                raise StaleCheckpointError(
+                    f"{op} {checkpoint_id}: the checkpoint was resumed (or its lease expired) meanwhile; "
+                    "nothing was published",
+                    checkpoint_id=checkpoint_id,
+                )
+        if self._clock() >= deadline:
+            raise DeadlineExceededError(f"{op} {checkpoint_id}: deadline passed before it finished")
+
+    def _acquire_gate(self, deadline: float, op: str) -> None:
+        if not self._op_gate.acquire(timeout=max(0.0, deadline - self._clock())):
+            raise DeadlineExceededError(f"{op}: another commit/restore still runs at the deadline")
+
+    def _effects_in(self, scope: frozenset[ExecutionId] | None) -> list[UnsafeEffect]:
+        rollouts = None if scope is None else {e.rollout_id for e in scope}
+        return [
+            effect
+            for rollout_id in sorted(self._effects)
+            if rollouts is None or rollout_id in rollouts
+            for effect in self._effects[rollout_id]
+        ]

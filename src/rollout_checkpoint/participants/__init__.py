@@ -1,0 +1,24 @@
+"""Reference participants, one module per kind: agent, resources/environment, policy model.
+
+Each has a small integration API a server calls from its request handlers (``docs/participants.md``
+shows the calls in context). All of them inherit the control plane of
+:class:`~rollout_checkpoint.control_plane.Participant`: the coordinator drives ``prepare`` /
+``commit`` / ``restore`` / ``resume`` / ``retire`` / ``forget``; the server's worker threads
+call the kinds' methods concurrently.
+"""
+
+from __future__ import annotations
+
+from .agent import AgentParticipant
+from .codecs import JsonCodec, StateCodec
+from .model import ModelCall, PolicyModelParticipant
+from .resources import ResourcesParticipant
+
+__all__ = [
+    "AgentParticipant",
+    "JsonCodec",
+    "ModelCall",
+    "PolicyModelParticipant",
+    "ResourcesParticipant",
+    "StateCodec",
+]
