@@ -13,6 +13,7 @@ from ._router import (
 )
 from ._routing import OWNER_COOKIE, OWNER_HEADER, ROLLOUT_PATH_PREFIX, VIA_HEADER, OwnerSigner, WorkerFrontend
 from ._serve import TOKEN_ENV, ServedApp, WorkerContext, group_app, run_server, serve_thread, worker_app
+from ._tokens import TOKENS_ROUTE_PREFIX, RemoteTokenStore, token_store_app, token_store_router
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
     MAX_DEADLINE_HORIZON_S,
@@ -43,6 +44,7 @@ __all__ = [
     "OWNER_HEADER",
     "ROLLOUT_PATH_PREFIX",
     "STAGING_PREFIX",
+    "TOKENS_ROUTE_PREFIX",
     "TOKEN_ENV",
     "VIA_HEADER",
     "OwnerSigner",
@@ -66,6 +68,7 @@ __all__ = [
     "ParticipantUnreachableError",
     "RemoteParticipant",
     "RemoteParticipantError",
+    "RemoteTokenStore",
     "RenewReply",
     "RestoreRequest",
     "RetireReply",
@@ -81,4 +84,6 @@ __all__ = [
     "install_participant",
     "run_blocking",
     "status_for",
+    "token_store_app",
+    "token_store_router",
 ]
