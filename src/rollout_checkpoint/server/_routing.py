@@ -2,9 +2,10 @@
 
 Worker processes share one listening socket, so any of them may receive any request. The
 worker that serves a request without an owner becomes its owner and says so in a signed
-``rc_worker`` cookie (and the ``x-rc-worker`` header); a later request carrying it is forwarded
-over the owner's private Unix socket when another worker received it. After a restore the group
-aliases each pre-crash owner to the live worker that now holds its state. A request without
+``rc_worker_<kind>_<instance>`` cookie (and the ``x-rc-worker`` header); a later request
+carrying it is forwarded over the owner's private Unix socket when another worker received it.
+After a restore the group aliases each pre-crash owner to the live worker that now holds its
+state. A request without
 an owner for a rollout (path ``/ng-rollout/<rollout_id>/...``) goes to the worker the group
 placed that rollout on: where a restore put its state, else the least loaded worker.
 An owner that is gone gets ``410 session_lost``: its state cannot be recovered by retrying.
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 OWNER_COOKIE = "rc_worker"
+"""Prefix of the owner cookie; the full name adds the server's kind and instance, so one client
+talking to several servers on one host (cookies ignore ports) keeps one owner per server."""
 OWNER_HEADER = "x-rc-worker"
 VIA_HEADER = "x-rc-via"
 """Set on a forwarded response: the worker that received the request and forwarded it."""
@@ -55,10 +58,12 @@ class WorkerAddress:
 
 
 class OwnerSigner:
-    """Signs worker ids with the server's token, so a client cannot steer requests elsewhere."""
+    """Signs worker ids with the server's token and identity (``kind/instance``), so a client
+    cannot steer requests elsewhere and another server's owner is never taken for this one's."""
 
-    def __init__(self, token: str) -> None:
-        self._key = hashlib.sha256(b"rc-worker-owner:" + token.encode()).digest()
+    def __init__(self, token: str, server: str = "") -> None:
+        self._key = hashlib.sha256(f"rc-worker-owner:{server}:".encode() + token.encode()).digest()
+        self.cookie = f"{OWNER_COOKIE}_{server.replace('/', '_')}" if server else OWNER_COOKIE
 
     def __repr__(self) -> str:
         return "OwnerSigner(<redacted>)"
@@ -82,8 +87,8 @@ class OwnerSigner:
                         cookie.load(raw.decode("latin-1"))
                     except Exception:  # a malformed cookie header names no owner
                         continue
-                    if OWNER_COOKIE in cookie:
-                        value = cookie[OWNER_COOKIE].value
+                    if self.cookie in cookie:
+                        value = cookie[self.cookie].value
                         break
         if not value or "." not in value:
             return None
@@ -147,7 +152,7 @@ class StampOwner:
                 headers = list(message.get("headers", []))
                 headers.append((OWNER_HEADER.encode(), signed.encode()))
                 headers.append(
-                    (b"set-cookie", f"{OWNER_COOKIE}={signed}; Path=/; HttpOnly; SameSite=Lax".encode())
+                    (b"set-cookie", f"{self.signer.cookie}={signed}; Path=/; HttpOnly; SameSite=Lax".encode())
                 )
                 message = {**message, "headers": headers}
             await send(message)

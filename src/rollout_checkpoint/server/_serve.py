@@ -208,7 +208,8 @@ def worker_app() -> WorkerFrontend:
     workers = int(os.environ[_COUNT_ENV])
     worker_id = f"w{os.getpid()}"
     served = load_build(os.environ[_BUILD_ENV])(WorkerContext(worker_id, store, workers))
-    signer = OwnerSigner(token)
+    caps = served.participant.capabilities()
+    signer = OwnerSigner(token, f"{caps.kind}/{caps.instance}")
     # private socket: the worker's own participant (for the group) and forwarded sessions
     served.app.include_router(checkpoint_router(served.participant, token=token))
     socket = os.path.join(directory, f"{worker_id}.sock")
@@ -216,7 +217,7 @@ def worker_app() -> WorkerFrontend:
     private.__enter__()
     _keep.append(private)
     group_socket = os.path.join(directory, _GROUP_SOCKET)
-    _register(group_socket, token, worker_id, socket, served.participant.capabilities())
+    _register(group_socket, token, worker_id, socket, caps)
     group = RemoteParticipant("http://group", token=token, transport=httpx.HTTPTransport(uds=group_socket))
     control = FastAPI()
     control.include_router(checkpoint_router(group, token=token, store=store))

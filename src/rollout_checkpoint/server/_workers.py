@@ -325,9 +325,14 @@ class WorkerGroup:
         )
         try:
             for wid in sorted(readers):
-                readers[wid].verify()
+                # every shard's digest is checked before its rows; the count closes the set
+                read = 0
                 for record in readers[wid].iter_records():
                     writer.write(record)
+                    read += 1
+                expected = sum(readers[wid].manifest.record_counts.values())
+                if read != expected:
+                    raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
             with self._lock:
                 if checkpoint_id in self._resumed:
                     raise StaleCheckpointError(
