@@ -12,7 +12,17 @@ from ._router import (
     install_participant,
 )
 from ._routing import OWNER_COOKIE, OWNER_HEADER, ROLLOUT_PATH_PREFIX, VIA_HEADER, OwnerSigner, WorkerFrontend
-from ._serve import TOKEN_ENV, ServedApp, WorkerContext, group_app, run_server, serve_thread, worker_app
+from ._serve import (
+    TOKEN_ENV,
+    ServedApp,
+    WorkerContext,
+    group_app,
+    load_build,
+    run_server,
+    run_token_server,
+    serve_thread,
+    worker_app,
+)
 from ._tokens import TOKENS_ROUTE_PREFIX, RemoteTokenStore, token_store_app, token_store_router
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
@@ -55,7 +65,9 @@ __all__ = [
     "WorkerInfo",
     "assign_owners",
     "group_app",
+    "load_build",
     "run_server",
+    "run_token_server",
     "serve_thread",
     "worker_app",
     "AsyncAdmission",

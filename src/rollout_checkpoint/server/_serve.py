@@ -34,13 +34,26 @@ from ..control import Capabilities, ParticipantControl
 from ..errors import CheckpointError, UnknownExecutionError
 from ..ids import Identifier
 from ..store import ObjectStore, open_store
+from ..tokens import ObjectStoreTokenStore
 from ._client import RemoteParticipant
 from ._router import _route_class, _TokenCheck, checkpoint_router, install_participant
 from ._routing import OwnerSigner, Resolver, StampOwner, WorkerFrontend
+from ._tokens import token_store_app
 from ._wire import CHECKPOINT_ROUTE_PREFIX
 from ._workers import WorkerGroup
 
-__all__ = ["TOKEN_ENV", "ServedApp", "WorkerContext", "group_app", "run_server", "serve_thread", "worker_app"]
+__all__ = [
+    "TOKEN_ENV",
+    "ServedApp",
+    "WorkerContext",
+    "group_app",
+    "load_build",
+    "run_server",
+    "run_token_server",
+    "serve_thread",
+    "token_worker_app",
+    "worker_app",
+]
 
 TOKEN_ENV = "ROLLOUT_CHECKPOINT_TOKEN"
 _BUILD_ENV = "ROLLOUT_CHECKPOINT_WORKER_BUILD"
@@ -192,6 +205,35 @@ def run_server(
     finally:
         group.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def run_token_server(
+    store: str, *, host: str, port: int, token: str, workers: int = 1, log_level: str = "warning"
+) -> None:
+    """Serve the reference token store (``rollout-checkpoint serve tokens``). Its shards are
+    immutable and uniquely named on the object store, so worker processes need no group."""
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    if workers == 1:
+        app = token_store_app(ObjectStoreTokenStore(open_store(store)), token=token)
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        return
+    os.environ.update({TOKEN_ENV: token, _STORE_ENV: open_store(store).url})
+    uvicorn.run(
+        "rollout_checkpoint.server._serve:token_worker_app",
+        factory=True,
+        workers=workers,
+        host=host,
+        port=port,
+        log_level=log_level,
+    )
+
+
+def token_worker_app() -> FastAPI:
+    """uvicorn's app factory for token-store worker processes."""
+    return token_store_app(
+        ObjectStoreTokenStore(open_store(os.environ[_STORE_ENV])), token=os.environ[TOKEN_ENV]
+    )
 
 
 # -- one worker process ---------------------------------------------------------------------------------
