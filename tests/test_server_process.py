@@ -21,7 +21,7 @@ from _http import served
 from _protocol_fakes import ScriptedParticipant, ex
 from conftest import _free_port, _wait_listening
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.errors import AdmissionClosedError
+from rollout_checkpoint.errors import AdmissionClosedError, StaleCheckpointError
 from rollout_checkpoint.manifests import list_published
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
@@ -147,3 +147,36 @@ def test_wait_open_times_out_while_closed_and_returns_at_once_when_open() -> Non
     asyncio.run(scenario())
     assert list(participant.live()) == ["late"]
     participant.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_coordinator_killed_between_aggregate_and_global_record_publishes_nothing(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = LocalStore(store_dir)
+    servers = [_start(kind, f"{kind}-0", store_dir) for kind in ("agent", "model", "resources")]
+    try:
+        urls = [url for _, url in servers]
+        killed = subprocess.run(
+            [sys.executable, str(HERE / "_http_coordinator.py"), str(store_dir), "ck-dead", "publish", *urls],
+            env={**os.environ, "ROLLOUT_CHECKPOINT_TOKEN": TOKEN},
+            capture_output=True,
+            timeout=120,
+        )
+        assert killed.returncode == -signal.SIGKILL
+        assert store.exists("checkpoints/ck-dead/aggregate.json")  # the aggregate was written...
+        assert list_published(store) == []  # ...the commit point never was
+        # a new coordinator finds the abandoned checkpoint active at every server, aborts it
+        # (resume), and publishes its own
+        remotes = [RemoteParticipant(url, token=TOKEN) for url in urls]
+        assert {r.status().checkpoint_id for r in remotes} == {"ck-dead"}
+        for remote in remotes:
+            remote.resume("ck-dead", time.time() + 30)
+        outcome = Coordinator(store, remotes, LiveExecutionRegistry()).checkpoint("ck-next", deadline_s=60)
+        assert outcome.clean and [p.checkpoint_id for p in list_published(store)] == ["ck-next"]
+        with pytest.raises(StaleCheckpointError):  # the dead coordinator's id can never come back
+            remotes[0].prepare("ck-dead", time.time() + 30)
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait(10)
