@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_STORES_KEPT = 32
+
 CONTROL_THREADS = 32
 """Worker threads one router may occupy at once (a prepare holds one until it is ready)."""
 
@@ -179,6 +181,7 @@ def checkpoint_router(
     check = _TokenCheck(token)
     configured = open_store(store) if store is not None else None
     limiter = anyio.CapacityLimiter(threads)
+    stores: dict[str, ObjectStore] = {}
 
     async def blocking(fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=limiter)
@@ -192,7 +195,13 @@ def checkpoint_router(
             return configured
         if requested is None:
             raise StoreMismatchError("this server has no store of its own; name one in 'store'")
-        return requested
+        opened = stores.get(requested)
+        if opened is None:  # opening an S3 store builds a client: once per URL, not per call
+            opened = open_store(requested)
+            if len(stores) >= _STORES_KEPT:
+                stores.pop(next(iter(stores)))
+            stores[requested] = opened
+        return opened
 
     def scope(executions: Sequence[Any] | None) -> Sequence[Any] | None:
         return None if executions is None else list(executions)

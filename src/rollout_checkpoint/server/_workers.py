@@ -64,8 +64,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 STAGING_PREFIX = "_workers"
-"""Worker commits are staged under ``<store>/_workers/<checkpoint_id>/<worker_id>/`` and
-deleted once the group wrote the merged archive (readers never look there)."""
+"""Worker commits are staged in ``<store>/_workers/<worker_id>/`` (a store of its own, at the
+usual component keys) and deleted once the group wrote the merged archive (readers never look
+there)."""
 
 _BLOCKERS_REPORTED = 100
 
@@ -121,6 +122,7 @@ class WorkerGroup:
         self._resumed: set[str] = set()
         self._aliases: dict[str, str] = {}
         self._rollouts: dict[str, str] = {}
+        self._staging_stores: dict[str, ObjectStore] = {}
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
 
     def __repr__(self) -> str:
@@ -307,16 +309,16 @@ class WorkerGroup:
                 f"commit {checkpoint_id}: {self.expected_workers - len(workers)} of {self.expected_workers} "
                 "workers missing"
             )
-        staging = {
-            w.worker_id: f"{target.url}/{STAGING_PREFIX}/{checkpoint_id}/{w.worker_id}" for w in workers
-        }
+        staging = {w.worker_id: f"{target.url}/{STAGING_PREFIX}/{w.worker_id}" for w in workers}
         replies = self._each(
             lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
         )
         caps = self.capabilities()
         prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
         readers = {
-            wid: ArchiveReader.open(open_store(staging[wid]), prefix, expected_sha256=reply.manifest_sha256)
+            wid: ArchiveReader.open(
+                self._staging(staging[wid]), prefix, expected_sha256=reply.manifest_sha256
+            )
             for wid, reply in replies.items()
         }
         extra = self._merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
@@ -359,8 +361,16 @@ class WorkerGroup:
         with self._lock:
             self._commits[checkpoint_id] = reply
         for url in staging.values():
-            _drop_staging(url)
+            _drop_staging(self._staging(url), checkpoint_id)
         return reply
+
+    def _staging(self, url: str) -> ObjectStore:
+        """A worker's staging store, opened once (an S3 store builds a client when opened)."""
+        with self._lock:
+            opened = self._staging_stores.get(url)
+            if opened is None:
+                opened = self._staging_stores[url] = open_store(url)
+            return opened
 
     def _merge_extra(
         self, caps: Capabilities, extras: dict[str, dict[str, JsonValue]], replies: dict[str, CommitReply]
@@ -503,9 +513,8 @@ def _owners(raw: Any) -> dict[str, list[ExecutionId]]:
     return out
 
 
-def _drop_staging(url: str) -> None:
+def _drop_staging(staging: ObjectStore, checkpoint_id: str) -> None:
     """Best effort: a staged worker archive is garbage once the merged one exists."""
     with contextlib.suppress(CheckpointError, OSError):
-        staging = open_store(url)
-        for info in staging.list(""):
+        for info in staging.list(layout.checkpoint_prefix(checkpoint_id) + "/"):
             staging.delete(info.key)
