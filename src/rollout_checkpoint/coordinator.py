@@ -354,11 +354,16 @@ class Coordinator:
                 timings["prepare"], mark = now - mark, now
                 commit_started = now
 
-                # 2. commit every participant under the frozen membership
-                # (stage by stage, the participants of one stage concurrently)
+                # 2. commit every participant under the frozen membership, all at once (commits
+                # are independent once every stage is prepared); with a fault hook, one stage at a
+                # time so that injected faults hit a reproducible sequence of steps
+                groups = (
+                    [[(n, p) for n, p in ordered if n.split("/", 1)[0] == kind] for kind in PREPARE_ORDER]
+                    if self.fault_hook is not None
+                    else [ordered]
+                )
                 replies: list[tuple[str, ParticipantControl, CommitReply]] = []
-                for kind in PREPARE_ORDER:
-                    group = [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
+                for group in groups:
                     committed = self._fan_out(
                         [
                             (name, partial(self._call, name, "commit", p.commit, cid, hooked, deadline, live))
