@@ -329,8 +329,18 @@ class WorkerGroup:
             for wid in sorted(readers):
                 # every shard's digest is checked before its rows; the count closes the set
                 read = 0
-                for record in readers[wid].iter_records():
-                    writer.write(record)
+                for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
+                    refs = None if raw.refs is None else json.loads(raw.refs)
+                    writer.write_raw(
+                        raw.kind,
+                        raw.rollout_id,
+                        raw.attempt,
+                        raw.key,
+                        raw.payload,
+                        raw.revision,
+                        refs,
+                        schema_version=raw.schema_version,
+                    )
                     read += 1
                 expected = sum(readers[wid].manifest.record_counts.values())
                 if read != expected:
