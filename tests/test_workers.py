@@ -286,3 +286,48 @@ def test_a_worker_killed_during_prepare_fails_that_prepare_and_is_survived(tmp_p
         reader = ArchiveReader.open(store, component_prefix("ck-2", "resources", "counter-0"))
         assert victim["worker"] not in reader.manifest.extra["session_owners"]  # type: ignore[operator]
         remote.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_park_and_release_without_a_crash_then_retire_stops_everywhere(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    with server(store_dir) as srv:
+        clients = {r: _client(srv.url) for r in ("p0", "p1", "p2", "p3")}
+        owners = {
+            r: c.post(f"/ng-rollout/{r}/sessions", json={"attempt": 0}).json()["worker"]
+            for r, c in clients.items()
+        }
+        assert len(set(owners.values())) == 2
+        remote = RemoteParticipant(srv.url, token=TOKEN)
+        assert remote.prepare("ck-park", time.time() + 60).ready
+        results: dict[str, int] = {}
+
+        def step(rollout_id: str) -> None:
+            results[rollout_id] = (
+                clients[rollout_id].post(f"/ng-rollout/{rollout_id}/inc", json={"attempt": 0}).json()["n"]
+            )
+
+        parked = [threading.Thread(target=step, args=(r,)) for r in clients]
+        for thread in parked:
+            thread.start()
+        time.sleep(0.5)  # not a timed assertion: only gives the requests a chance to (wrongly) pass
+        assert results == {}  # parked on both workers while the checkpoint holds admission
+        assert remote.status().phase == "prepared"
+        remote.resume("ck-park", time.time() + 60)
+        for thread in parked:
+            thread.join(30)
+        assert results == dict.fromkeys(clients, 1)  # released, applied exactly once
+        # retire p0 and p1 (on every worker): their sessions go, later requests are refused
+        remote.retire([ex("p0"), ex("p1")], time.time() + 60)
+        status = remote.status()
+        assert status.live == 2 and status.workers == 2
+        for rollout_id in ("p0", "p1"):
+            refused = clients[rollout_id].post(f"/ng-rollout/{rollout_id}/inc", json={"attempt": 0})
+            assert refused.status_code == 409 and refused.json()["error"]["code"] == "stale_attempt"
+        assert remote.status().tombstones == 2
+        remote.forget(["p0", "p1"])
+        assert remote.status().tombstones == 0
+        remote.close()
+        for client in clients.values():
+            client.close()
