@@ -4,6 +4,7 @@ with several worker processes (one merged participant, session routing between w
 
 from ._admission import AsyncAdmission, run_blocking
 from ._client import RemoteParticipant
+from ._merge import assign_owners
 from ._router import (
     checkpoint_router,
     control_app,
@@ -45,7 +46,7 @@ from ._wire import (
     error_from_wire,
     status_for,
 )
-from ._workers import STAGING_PREFIX, WorkerGroup, WorkerInfo, assign_owners
+from ._workers import STAGING_PREFIX, WorkerGroup, WorkerInfo
 
 __all__ = [
     "CHECKPOINT_ROUTE_PREFIX",

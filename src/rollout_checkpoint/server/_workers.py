@@ -25,13 +25,12 @@ import logging
 import os
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
-from pydantic import JsonValue
 
 from .. import layout
 from ..archive import ArchiveReader, ArchiveWriter
@@ -43,21 +42,20 @@ from ..control import (
     PrepareReport,
     RestoreReply,
     ResumeReply,
-    UnsafeEffect,
 )
 from ..errors import (
     CheckpointError,
     IntegrityError,
     InvalidPhaseError,
-    InvalidRecordError,
     StaleCheckpointError,
 )
 from ..ids import ExecutionId, validate_id
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
+from ._merge import assign_owners, execution_key, merge_extra, session_owners, unique_effects
 from ._wire import ParticipantUnreachableError
 
-__all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo", "assign_owners"]
+__all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -77,25 +75,6 @@ class WorkerInfo:
     socket: str
     pid: int
     client: RemoteParticipant
-
-
-def _key(execution: ExecutionId) -> tuple[str, int]:
-    return (execution.rollout_id, execution.attempt)
-
-
-def assign_owners(owners: dict[str, list[ExecutionId]], workers: Sequence[str]) -> dict[str, str]:
-    """Old owner -> live worker: all of one owner's executions stay together; the biggest owners
-    are placed first, each on the worker with the fewest executions (then fewest owners)."""
-    if not workers:
-        raise InvalidPhaseError("no live worker to restore onto")
-    load = {w: [0, 0] for w in workers}
-    placed: dict[str, str] = {}
-    for owner in sorted(owners, key=lambda o: (-len(owners[o]), o)):
-        target = min(workers, key=lambda w: (load[w][0], load[w][1], w))
-        placed[owner] = target
-        load[target][0] += len(owners[owner])
-        load[target][1] += 1
-    return placed
 
 
 class WorkerGroup:
@@ -276,7 +255,7 @@ class WorkerGroup:
             for name, value in report.counts.items():
                 counts[name] = counts.get(name, 0) + value
         ready = missing <= 0 and all(r.ready for r in reports.values())
-        restarts = sorted({e for r in reports.values() for e in r.restarts}, key=_key)
+        restarts = sorted({e for r in reports.values() for e in r.restarts}, key=execution_key)
         return PrepareReport(
             checkpoint_id=checkpoint_id,
             phase=Phase.PREPARED if ready else Phase.PREPARING,
@@ -321,7 +300,7 @@ class WorkerGroup:
             )
             for wid, reply in replies.items()
         }
-        extra = self._merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
+        extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
         writer = ArchiveWriter(
             target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
         )
@@ -364,9 +343,9 @@ class WorkerGroup:
             manifest_key=ref.key,
             manifest_sha256=ref.sha256,
             manifest_bytes=ref.bytes,
-            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=_key)),
-            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=_key)),
-            unsafe_effects=tuple(_unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
+            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
+            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
+            unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
         )
         with self._lock:
             self._commits[checkpoint_id] = reply
@@ -381,41 +360,6 @@ class WorkerGroup:
             if opened is None:
                 opened = self._staging_stores[url] = open_store(url)
             return opened
-
-    def _merge_extra(
-        self, caps: Capabilities, extras: dict[str, dict[str, JsonValue]], replies: dict[str, CommitReply]
-    ) -> dict[str, JsonValue]:
-        tombstones: dict[str, int] = {}
-        for extra in extras.values():
-            raw = extra.get("tombstones", {})
-            if not isinstance(raw, dict):
-                raise InvalidRecordError("a worker's manifest extra 'tombstones' is not an object")
-            for rollout_id, attempt in raw.items():
-                if not isinstance(attempt, int):
-                    raise InvalidRecordError("a worker's tombstone is not an attempt number")
-                tombstones[rollout_id] = max(attempt, tombstones.get(rollout_id, attempt))
-        executions = sorted({e for r in replies.values() for e in r.executions}, key=_key)
-        restarts = sorted({e for r in replies.values() for e in r.restarts}, key=_key)
-        effects = _unique_effects(e for r in replies.values() for e in r.unsafe_effects)
-        merged: dict[str, JsonValue] = {
-            "capabilities": caps.model_dump(mode="json"),
-            "tombstones": dict(sorted(tombstones.items())),
-            "executions": [[e.rollout_id, e.attempt] for e in executions],
-            "restarts": [[e.rollout_id, e.attempt] for e in restarts],
-            "unsafe_effects": [u.model_dump(mode="json") for u in effects],
-            "session_owners": {
-                wid: [[e.rollout_id, e.attempt] for e in sorted({*r.executions, *r.restarts}, key=_key)]
-                for wid, r in sorted(replies.items())
-            },
-        }
-        for wid, extra in sorted(extras.items()):
-            for name, value in extra.items():
-                if name in ("capabilities", "tombstones", "executions", "restarts", "unsafe_effects"):
-                    continue
-                if name in merged and merged[name] != value:
-                    raise IntegrityError(f"workers disagree on manifest extra {name!r} (worker {wid})")
-                merged[name] = value
-        return merged
 
     def restore(
         self,
@@ -437,7 +381,7 @@ class WorkerGroup:
         manifest = ArchiveReader.open(
             source, layout.component_prefix(source_checkpoint_id, caps.kind, caps.instance)
         ).manifest
-        owners = _owners(manifest.extra.get("session_owners"))
+        owners = session_owners(manifest.extra.get("session_owners"))
         wanted = set(scope) if scope is not None else {e for es in owners.values() for e in es}
         by_owner: dict[str, list[ExecutionId]] = {}
         for owner, executions in owners.items():
@@ -445,7 +389,8 @@ class WorkerGroup:
             if mine:
                 by_owner[owner] = mine
         owned = {e for es in by_owner.values() for e in es}
-        for execution in sorted(wanted - owned, key=_key):  # committed by no worker: nothing to place
+        # in scope but owned by no worker (a checkpoint from a single-process server): one each
+        for execution in sorted(wanted - owned, key=execution_key):
             by_owner.setdefault(f"unowned-{execution.rollout_id}", []).append(execution)
         placement = assign_owners(by_owner, [w.worker_id for w in workers])
         shares: dict[str, list[ExecutionId]] = {w.worker_id: [] for w in workers}
@@ -453,14 +398,18 @@ class WorkerGroup:
             shares[target].extend(by_owner[owner])
         replies = self._each(
             lambda w: w.client.restore(
-                checkpoint_id, source_checkpoint_id, source, deadline, sorted(shares[w.worker_id], key=_key)
+                checkpoint_id,
+                source_checkpoint_id,
+                source,
+                deadline,
+                sorted(shares[w.worker_id], key=execution_key),
             ),
             workers,
         )
         # every worker refuses attempt N of what another worker now holds as N+1
-        others = {w.worker_id: sorted(wanted - set(shares[w.worker_id]), key=_key) for w in workers}
+        others = {w.worker_id: sorted(wanted - set(shares[w.worker_id]), key=execution_key) for w in workers}
         self._each(lambda w: w.client.retire(others[w.worker_id], deadline), workers)
-        restored = sorted({e for r in replies.values() for e in r.restored}, key=_key)
+        restored = sorted({e for r in replies.values() for e in r.restored}, key=execution_key)
         with self._lock:
             self._aliases.update({owner: target for owner, target in placement.items()})
             for target, executions in shares.items():
@@ -498,29 +447,6 @@ class WorkerGroup:
     def close(self) -> None:
         for worker in self.workers():
             worker.client.close()
-
-
-def _unique_effects(effects: Iterable[UnsafeEffect]) -> list[UnsafeEffect]:
-    seen: dict[str, UnsafeEffect] = {}
-    for effect in effects:
-        seen.setdefault(json.dumps(effect.model_dump(mode="json"), sort_keys=True), effect)
-    return [seen[k] for k in sorted(seen)]
-
-
-def _owners(raw: Any) -> dict[str, list[ExecutionId]]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise InvalidRecordError("manifest extra 'session_owners' must be an object")
-    out: dict[str, list[ExecutionId]] = {}
-    for owner, items in raw.items():
-        if not isinstance(items, list):
-            raise InvalidRecordError("manifest extra 'session_owners' entries must be lists")
-        try:
-            out[str(owner)] = [ExecutionId(rollout_id=i[0], attempt=i[1]) for i in items]
-        except (TypeError, IndexError, ValueError) as exc:
-            raise InvalidRecordError(f"manifest extra 'session_owners': {exc}") from None
-    return out
 
 
 def _drop_staging(staging: ObjectStore, checkpoint_id: str) -> None:
