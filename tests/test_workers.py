@@ -118,6 +118,10 @@ def test_assign_owners_keeps_owners_together_and_spreads_them() -> None:
     placed = assign_owners(owners, ["w1", "w2"])
     assert placed == {"old-a": "w1", "old-b": "w2", "old-c": "w2", "old-d": "w1"}
     assert assign_owners(owners, ["w9"]) == dict.fromkeys(owners, "w9")
+    # an owner that is still a live worker keeps its executions (its clients' cookies stay right)
+    owners["w2"] = [ex("e0")]
+    placed = assign_owners(owners, ["w1", "w2"])
+    assert placed["w2"] == "w2" and placed["old-a"] == "w1"
 
 
 def test_a_missing_worker_fails_prepare_and_a_dead_one_leaves_the_roster(tmp_path: Path) -> None:

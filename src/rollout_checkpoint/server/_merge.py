@@ -23,13 +23,18 @@ def execution_key(execution: ExecutionId) -> tuple[str, int]:
 
 
 def assign_owners(owners: dict[str, list[ExecutionId]], workers: Sequence[str]) -> dict[str, str]:
-    """Old owner -> live worker: all of one owner's executions stay together; the biggest owners
-    are placed first, each on the worker with the fewest executions (then fewest owners)."""
+    """Old owner -> live worker: all of one owner's executions stay together. An owner that is
+    still a live worker keeps its own executions (so its clients' owner stays right); the other
+    owners, biggest first, each go to the worker with the fewest executions (then fewest owners)."""
     if not workers:
         raise InvalidPhaseError("no live worker to restore onto")
     load = {w: [0, 0] for w in workers}
     placed: dict[str, str] = {}
-    for owner in sorted(owners, key=lambda o: (-len(owners[o]), o)):
+    for owner in sorted(o for o in owners if o in load):
+        placed[owner] = owner
+        load[owner][0] += len(owners[owner])
+        load[owner][1] += 1
+    for owner in sorted((o for o in owners if o not in load), key=lambda o: (-len(owners[o]), o)):
         target = min(workers, key=lambda w: (load[w][0], load[w][1], w))
         placed[owner] = target
         load[target][0] += len(owners[owner])

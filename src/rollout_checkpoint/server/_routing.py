@@ -106,23 +106,14 @@ class Resolver:
             headers={"Authorization": f"Bearer {token}"},
             timeout=10.0,
         )
-        self._owners: dict[str, WorkerAddress] = {}
 
     async def owner(self, owner: str) -> WorkerAddress | None:
-        known = self._owners.get(owner)
-        if known is not None:
-            return known
-        found = await self._ask({"owner": owner})
-        if found is not None:
-            self._owners[owner] = found
-        return found
+        # not cached: a restore may re-home an owner at any time, and this is asked only for
+        # requests that reached a worker other than their owner
+        return await self._ask({"owner": owner})
 
     async def rollout(self, rollout_id: str) -> WorkerAddress | None:
         return await self._ask({"rollout": rollout_id})
-
-    def forget(self, address: WorkerAddress) -> None:
-        for owner in [o for o, a in self._owners.items() if a == address]:
-            del self._owners[owner]
 
     async def _ask(self, params: dict[str, str]) -> WorkerAddress | None:
         response = await self._client.get("/workers/resolve", params=params)
@@ -228,7 +219,6 @@ class WorkerFrontend:
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError:
-            self.resolver.forget(target)
             await _gone(send, target.worker_id)
             return
         try:

@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -67,6 +67,7 @@ usual component keys) and deleted once the group wrote the merged archive (reade
 there)."""
 
 _BLOCKERS_REPORTED = 100
+RESUMED_IDS_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class WorkerGroup:
         self._roster: dict[str, WorkerInfo] = {}
         self._capabilities: Capabilities | None = None
         self._commits: dict[str, CommitReply] = {}
-        self._resumed: set[str] = set()
+        self._resumed: OrderedDict[str, None] = OrderedDict()  # the last RESUMED_IDS_KEPT ids
         self._aliases: dict[str, str] = {}
         self._rollouts: dict[str, str] = {}
         self._staging_stores: dict[str, ObjectStore] = {}
@@ -425,7 +426,10 @@ class WorkerGroup:
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         validate_id(checkpoint_id, "checkpoint_id")
         with self._lock:  # decided under the lock commit publishes under: before or after, never both
-            self._resumed.add(checkpoint_id)
+            self._resumed[checkpoint_id] = None
+            while len(self._resumed) > RESUMED_IDS_KEPT:
+                self._resumed.popitem(last=False)
+            self._commits.pop(checkpoint_id, None)
         replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
         return ResumeReply(
             checkpoint_id=checkpoint_id,
