@@ -335,3 +335,63 @@ def test_park_and_release_without_a_crash_then_retire_stops_everywhere(tmp_path:
         remote.close()
         for client in clients.values():
             client.close()
+
+
+def test_worker_group_commits_and_restores_on_every_store(
+    any_store: Any, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging, merge and restore through the store URL (workers open it themselves)."""
+    from fastapi import FastAPI
+
+    from rollout_checkpoint.records import ResourceSnapshotRecord
+
+    if any_store.url.startswith("s3://"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("s3_endpoint"))
+
+    def app(p: ScriptedParticipant) -> FastAPI:
+        a = FastAPI()
+        a.include_router(checkpoint_router(p, token=TOKEN))
+        return a
+
+    def snapshot(rollout_id: str) -> ResourceSnapshotRecord:
+        return ResourceSnapshotRecord(
+            rollout_id=rollout_id, attempt=0, session_id="s", revision=2, codec="json", state=b"{}"
+        )
+
+    with contextlib.ExitStack() as stack:
+        group = WorkerGroup(any_store, expected_workers=2, token=TOKEN)
+        workers = [ScriptedParticipant("resources", "res-0") for _ in range(2)]
+        for i, worker in enumerate(workers):
+            worker.add(*(snapshot(f"w{i}-r{j}") for j in range(3)))
+            sock = str(tmp_path / f"a{i}.sock")
+            stack.enter_context(serve_thread(app(worker), uds=sock))
+            group.register(f"old{i}", sock, os.getpid(), worker.capabilities())
+        assert group.prepare("ck-s", time.time() + 30).ready
+        reply = group.commit("ck-s", any_store, time.time() + 30)
+        assert len(reply.executions) == 6
+        group.resume("ck-s", time.time() + 30)
+        reader = ArchiveReader.open(any_store, component_prefix("ck-s", "resources", "res-0"))
+        reader.verify()
+        assert reader.manifest.record_counts == {"resource_snapshot": 6}
+        # restore into a new group of two fresh workers (the old owners are gone)
+        fresh = [ScriptedParticipant("resources", "res-0") for _ in range(2)]
+        second = WorkerGroup(any_store, expected_workers=2, token=TOKEN)
+        for i, worker in enumerate(fresh):
+            sock = str(tmp_path / f"b{i}.sock")
+            stack.enter_context(serve_thread(app(worker), uds=sock))
+            second.register(f"new{i}", sock, os.getpid(), worker.capabilities())
+        scope = [ex(f"w{i}-r{j}") for i in range(2) for j in range(3)]
+        restored = second.restore("rs-s", "ck-s", any_store, time.time() + 30, scope)
+        assert sorted(e.rollout_id for e in restored.restored) == sorted(e.rollout_id for e in scope)
+        held = [sorted(w.installed, key=lambda e: e.rollout_id) for w in fresh]
+        assert sorted(len(h) for h in held) == [3, 3]  # each old owner's sessions went to one worker
+        assert all(len({e.rollout_id.split("-")[0] for e in h}) == 1 for h in held)
+        for worker in fresh:  # every worker refuses attempt 0 of all six, restored here or not
+            assert all(worker.refuses(e) for e in scope)
+        holder = next(f"new{i}" for i, h in enumerate(held) if any(e.rollout_id == "w1-r2" for e in h))
+        placed = second.place_rollout("w1-r2")
+        assert placed is not None and placed.worker_id == holder  # routed to where its state is
+        alias = second.resolve_owner("old1")
+        assert alias is not None and alias.worker_id == holder  # old cookies find it too
+        group.close()
+        second.close()
