@@ -78,7 +78,14 @@ def test_inspect_human_output(runner: CliRunner, local_store: LocalStore) -> Non
     populate(local_store)
     result = runner.invoke(app, ["inspect", local_store.url])
     assert result.exit_code == 0, result.output
-    for text in (PREFIX, ENV_PREFIX, "agent/a0", "tokens/t0/blob.bin", "scratch/notes.txt", "unreferenced"):
+    for text in (
+        "checkpoints/ck-1/components/",
+        "agent/a0",
+        "env/e0",
+        "tokens/t0/blob.bin",
+        "scratch/notes.txt",
+        "unreferenced",
+    ):
         assert text in result.stdout
 
 

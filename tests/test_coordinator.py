@@ -31,7 +31,8 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
     StaleCheckpointError,
 )
-from rollout_checkpoint.manifests import list_published, read_latest
+from rollout_checkpoint.manifests import read_latest
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import CountingStore, FsspecStore, MemoryStore, ObjectStore

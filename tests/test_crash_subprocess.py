@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_checkpoint.manifests import list_published, read_latest
+from rollout_checkpoint.manifests import read_latest
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore
 

@@ -24,7 +24,6 @@ from rollout_checkpoint.manifests import (
     ObjectRef,
     advance_latest,
     canonical_json,
-    list_published,
     new_checkpoint_id,
     new_commit_token,
     publish_record,
@@ -33,6 +32,7 @@ from rollout_checkpoint.manifests import (
     read_record,
     write_aggregate,
 )
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.store import ObjectStore
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -107,7 +107,7 @@ def test_publish_is_create_only_and_idempotent(memory_store: ObjectStore) -> Non
     with pytest.raises(ManifestConflictError):
         publish_record(memory_store, _record("ck-1"))
     loaded, loaded_ref = read_record(memory_store, "ck-1")
-    assert loaded == record and loaded_ref == ref
+    assert loaded == record.sealed() and loaded_ref == ref
 
 
 def test_read_record_errors(memory_store: ObjectStore) -> None:
@@ -214,8 +214,9 @@ def test_latest_cas_race_ends_at_the_newest(local_store: ObjectStore) -> None:
 
 
 def test_equal_sequence_is_ordered_by_time(memory_store: ObjectStore) -> None:
-    # a crash after the commit point can leave two records with one sequence: time decides
-    early, late = _record("ck-a", 5), _record("ck-b", 5, at=T0 + timedelta(seconds=1))
+    # version 1 stores (no sequence claims) can hold two records with one sequence: time decides
+    early = _record("ck-a", 5).model_copy(update={"schema_version": 1})
+    late = _record("ck-b", 5, at=T0 + timedelta(seconds=1)).model_copy(update={"schema_version": 1})
     advance_latest(memory_store, late, publish_record(memory_store, late))
     assert not advance_latest(memory_store, early, publish_record(memory_store, early)).moved
 

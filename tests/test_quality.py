@@ -22,14 +22,17 @@ def _tool(name: str) -> str:
 
 def test_ruff_clean() -> None:
     result = subprocess.run(
-        [_tool("ruff"), "check", "src", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True
+        [_tool("ruff"), "check", "src", "tests", "benchmarks", "examples"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_ruff_format_clean() -> None:
     result = subprocess.run(
-        [_tool("ruff"), "format", "--check", "src", "tests", "benchmarks"],
+        [_tool("ruff"), "format", "--check", "src", "tests", "benchmarks", "examples"],
         cwd=ROOT,
         capture_output=True,
         text=True,

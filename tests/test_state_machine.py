@@ -1,12 +1,17 @@
 """A hypothesis state machine over the whole protocol with the reference participants.
 
 Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
-finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore,
-retire, forget. Invariants after every step: participants are open whenever no checkpoint is
-running; a retired attempt is refused everywhere (also after a restore from a checkpoint that
-committed its tombstone, until the rollout is forgotten); every published checkpoint verifies; and in
-every checkpoint completed and continued rollouts are disjoint and, with fresh dispatches,
-cover exactly the dispatched ones.
+finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore
+(with verification and fallback), retire, forget, lose or damage ``latest.json`` (delete it,
+write garbage, move it back to an older checkpoint), and damage a published object (flip a
+byte, truncate or delete any object one checkpoint owns: record, aggregate, manifests,
+indexes, shards, token snapshot). Invariants after every step: participants are open whenever
+no checkpoint is running; a retired attempt is refused everywhere (also after a restore from a
+checkpoint that committed its tombstone, until the rollout is forgotten); every undamaged
+published checkpoint verifies, and in it completed and continued rollouts are disjoint and,
+with fresh dispatches, cover exactly the dispatched ones; and a reader never resumes from any
+checkpoint other than the newest one that verifies (without fallback it refuses a damaged
+newest one instead of stepping back).
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _reference_world import RealWorld
+from rollout_checkpoint import layout
 from rollout_checkpoint.control import Phase
-from rollout_checkpoint.errors import StaleAttemptError
+from rollout_checkpoint.errors import CheckpointNotFoundError, CheckpointRejectedError, StaleAttemptError
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.manifests import list_published
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import MemoryStore
 
@@ -49,6 +55,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         # and must be refused again after a restore from it, until forgotten
         self.retired_at: dict[str, set[ExecutionId]] = {}
         self.calls = 0
+        self.order: list[str] = []  # checkpoint ids in publish order (the model of the log)
+        self.damaged: set[str] = set()  # checkpoints with an object damaged or removed
+        self.pointers: dict[str, bytes] = {}  # latest.json as it was right after each publish
 
     def teardown(self) -> None:
         self.world.close()
@@ -131,7 +140,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         world = self.world
         expected = {e.rollout_id: e for e in world.registry.executions()}
         outcome = world.coordinator.checkpoint()
-        assert outcome.clean
+        assert outcome.clean and outcome.latest_moved  # a lost or damaged pointer never blocks
+        # the sequence counts every publish, whatever happened to latest.json meanwhile
+        assert outcome.record.sequence == len(self.order) + 1
+        self.order.append(outcome.checkpoint_id)
+        self.pointers[outcome.checkpoint_id] = self.store.get(layout.LATEST_KEY)
         self.retired_at[outcome.checkpoint_id] = set(self.retired)
         plan = load_checkpoint(self.store, outcome.checkpoint_id)
         assert set(plan.rollouts) == set(expected)
@@ -159,7 +172,16 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule()
     def restore(self) -> None:
         world = self.world
-        outcome = world.coordinator.restore()
+        intact = [c for c in self.order if c not in self.damaged]
+        if not intact:
+            try:
+                world.coordinator.restore(verify=True, fallback=True)
+            except CheckpointRejectedError:
+                self.crashed = False  # nothing to resume from: the framework starts afresh
+                return
+            raise AssertionError("restored although every published checkpoint is damaged")
+        outcome = world.coordinator.restore(verify=True, fallback=True)
+        assert outcome.source_checkpoint_id == intact[-1]
         assert all(p.status().phase is Phase.RESTORED for p in world.participants)
         world.coordinator.resume(outcome.restore_id)
         self.crashed = False
@@ -192,7 +214,68 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.world.coordinator.forget([rollout])
         self.retired = {e for e in self.retired if e.rollout_id != rollout}
 
+    @precondition(lambda self: bool(self.order))
+    @rule(how=st.sampled_from(["delete", "garbage", "stale"]), data=st.data())
+    def lose_or_damage_latest(self, how: str, data: st.DataObject) -> None:
+        if how == "delete":
+            self.store.delete(layout.LATEST_KEY)
+        elif how == "garbage":
+            self.store.put(layout.LATEST_KEY, b"garbage{\n")
+        else:
+            older = data.draw(st.sampled_from(self.order))
+            self.store.put(layout.LATEST_KEY, self.pointers[older])
+
+    @precondition(lambda self: bool(set(self.order) - self.damaged))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["flip", "truncate", "delete"]),
+        where=st.floats(0.0, 1.0, exclude_max=True),  # a fraction: object sizes vary between runs
+    )
+    def damage_published_object(self, data: st.DataObject, how: str, where: float) -> None:
+        cid = data.draw(st.sampled_from(sorted(set(self.order) - self.damaged)))
+        keys = [i.key for i in self.store.list(layout.checkpoint_prefix(cid) + "/")]
+        keys.append(layout.published_key(cid))
+        if self.store.exists(f"{layout.TOKENS_PREFIX}/snapshots/{cid}.json"):
+            keys.append(f"{layout.TOKENS_PREFIX}/snapshots/{cid}.json")
+        key = data.draw(st.sampled_from(sorted(keys)))
+        if how == "delete":
+            self.store.delete(key)
+        else:
+            body = bytearray(self.store.get(key))
+            at = int(where * len(body))
+            if how == "flip":
+                body[at] ^= 0x01
+            else:
+                del body[at:]
+            self.store.put(key, bytes(body))
+        self.damaged.add(cid)
+
     # -- invariants ---------------------------------------------------------------------------------
+    @invariant()
+    def readers_resume_from_the_newest_checkpoint_that_verifies(self) -> None:
+        intact = [c for c in self.order if c not in self.damaged]
+        if not self.order:
+            return
+        try:
+            plan = load_checkpoint(self.store, verify=True, fallback=True)
+        except (CheckpointRejectedError, CheckpointNotFoundError):
+            assert not intact, "a reader refused although an intact checkpoint exists"
+        else:
+            assert intact and plan.checkpoint_id == intact[-1], (plan.checkpoint_id, intact)
+            assert [s.checkpoint_id for s in plan.skipped] == [
+                c
+                for c in self.order[self.order.index(intact[-1]) + 1 :]
+                if self.store.exists(layout.published_key(c))
+            ]
+        # without fallback a reader takes the newest published checkpoint or refuses: never an older one
+        newest = next((c for c in reversed(self.order) if self.store.exists(layout.published_key(c))), None)
+        try:
+            plain = load_checkpoint(self.store, verify=True)
+        except (CheckpointRejectedError, CheckpointNotFoundError):
+            assert newest is None or newest in self.damaged
+        else:
+            assert plain.checkpoint_id == newest and newest not in self.damaged
+
     @invariant()
     def participants_open_when_no_checkpoint_runs(self) -> None:
         for participant in self.world.participants:
@@ -225,8 +308,10 @@ class ProtocolMachine(RuleBasedStateMachine):
                 raise AssertionError(f"registry accepts retired {execution}")
 
     @invariant()
-    def every_published_checkpoint_verifies(self) -> None:
+    def every_undamaged_published_checkpoint_verifies(self) -> None:
         for cid in self._published():
+            if cid in self.damaged:
+                continue
             report = verify_checkpoint(self.store, cid)
             plan = load_checkpoint(self.store, cid)
             completed = {p.rollout_id for p in plan.completed}

@@ -161,6 +161,13 @@ def _store(url: str, endpoint: str, retry: RetryPolicy = FAST) -> S3Store:
     return store
 
 
+def _probed(store: S3Store) -> S3Store:
+    """Run the endpoint probe now (every conditional put runs it first otherwise), so the
+    faults a test injects hit the request under test and not the probe's."""
+    store.require_atomic_commits()
+    return store
+
+
 def _boto(endpoint: str) -> Any:
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
 
@@ -299,7 +306,8 @@ def test_lost_answer_on_create_resolves_as_idempotent_success(
     # On a reused keep-alive connection aiohttp itself resends the PUT; on a fresh one our retry
     # layer does. Either way the resend meets 412 and must resolve to our own bytes.
     endpoint, state = proxy
-    store = _store(s3_url, endpoint)
+    store = _probed(_store(s3_url, endpoint))
+    state.seen.clear()  # count only the requests under test
     if warm:
         store.put("warm-up", b"")
     state.faults.append(Fault("PUT", 0, None))  # the PUT lands, then the connection drops
@@ -322,7 +330,8 @@ def test_lost_answer_on_cas_resolves_when_our_bytes_landed(
     s3_url: str, proxy: tuple[str, ProxyState]
 ) -> None:
     endpoint, state = proxy
-    store = _store(s3_url, endpoint)
+    store = _probed(_store(s3_url, endpoint))
+    state.seen.clear()  # count only the requests under test
     version = store.put("latest", b"ckpt-1").version
     assert version is not None
     state.faults.append(Fault("PUT", 0, None))
@@ -388,7 +397,8 @@ def test_transient_errors_are_retried_then_succeed(
     s3_url: str, proxy: tuple[str, ProxyState], status: int, code: str
 ) -> None:
     endpoint, state = proxy
-    store = _store(s3_url, endpoint)
+    store = _probed(_store(s3_url, endpoint))
+    state.seen.clear()  # count only the requests under test
     state.faults.append(Fault("PUT", status, code, times=2))
     assert store.put_if_absent("k", b"v").created is True
     assert state.count("PUT") == 3
@@ -422,7 +432,8 @@ def test_permanent_errors_are_not_retried(
 
 def test_precondition_failures_are_not_retried(s3_url: str, proxy: tuple[str, ProxyState]) -> None:
     endpoint, state = proxy
-    store = _store(s3_url, endpoint)
+    store = _probed(_store(s3_url, endpoint))
+    state.seen.clear()  # count only the requests under test
     version = store.put("p", b"1").version
     assert version is not None
     store.put("p", b"2")
@@ -526,6 +537,50 @@ def _fresh_probe_cache() -> Iterator[None]:
     _s3.clear_probe_cache()
     yield
     _s3.clear_probe_cache()
+
+
+def test_every_conditional_put_is_probed_first(s3_url: str, proxy: tuple[str, ProxyState]) -> None:
+    """Not only the coordinator: any caller's first conditional put (here a bare store, as the
+    archive writer or the token store use it) probes the endpoint and refuses one that ignores
+    If-None-Match / If-Match, unless the risk was accepted."""
+    endpoint, state = proxy
+    state.strip_headers = frozenset({"if-none-match", "if-match"})
+    store = _store(s3_url, endpoint)
+    with pytest.raises(ConditionalWriteUnsupportedError) as info:
+        store.put_if_absent("checkpoints/c/components/a/a0/manifest.json", b"{}")
+    assert info.value.code == "conditional_writes_unsupported"
+    with pytest.raises(ConditionalWriteUnsupportedError):
+        store.put_if_match("latest.json", b"{}", "etag")
+    assert store.list() == []  # nothing written, probe key removed
+    seen = state.count()
+    with pytest.raises(ConditionalWriteUnsupportedError):  # once per endpoint + bucket: cached
+        _store(s3_url, endpoint).put_if_absent("k", b"v")
+    assert state.count() == seen
+    risky = open_store(s3_url, endpoint_url=endpoint, retry=FAST, accept_unsafe_store=True)
+    assert risky.put_if_absent("k", b"v").created
+    assert state.count() == seen + 1  # one PutObject, no probe
+
+
+def test_archive_writer_probes_before_its_create_only_manifest(
+    s3_url: str, proxy: tuple[str, ProxyState]
+) -> None:
+    from rollout_checkpoint.archive import ArchiveWriter
+    from rollout_checkpoint.records import AgentBoundaryRecord
+
+    endpoint, state = proxy
+    state.strip_headers = frozenset({"if-none-match"})
+    store = _store(s3_url, endpoint)
+    writer = ArchiveWriter(
+        store,
+        "checkpoints/c1/components/agent/a0",
+        checkpoint_id="c1",
+        participant_kind="agent",
+        instance="a0",
+    )
+    writer.write(AgentBoundaryRecord(rollout_id="r1", attempt=0, boundary_index=1, turn_index=1))
+    with pytest.raises(ConditionalWriteUnsupportedError):
+        writer.commit()
+    assert not store.exists("checkpoints/c1/components/agent/a0/manifest.json")
 
 
 # -- streaming writes ---------------------------------------------------------------------------------

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import ValidationError
 
-from rollout_checkpoint.errors import IntegrityError, ObjectExistsError, ObjectNotFoundError
+from rollout_checkpoint.errors import (
+    IntegrityError,
+    InvalidRecordError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.records import ModelCallLineageRecord
 from rollout_checkpoint.store import ObjectStore
@@ -51,8 +55,9 @@ def shards(store: ObjectStore) -> list[str]:
 )
 def test_token_entry_validates_alignment_and_values(changes: dict[str, object]) -> None:
     fields = entry("c0").model_dump() | changes
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidRecordError) as info:  # a typed error, pydantic's detail kept
         TokenEntry(**fields)
+    assert info.value.code == "invalid_record" and "[type=" in info.value.message
 
 
 def test_reference_implementations_satisfy_the_protocols(local_store: ObjectStore) -> None:

@@ -43,12 +43,17 @@ from .errors import (
     InvalidIdentifierError,
     InvalidPhaseError,
     InvalidRecordError,
+    InvalidValueError,
     ManifestConflictError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SequenceTakenError,
     StaleAttemptError,
     StaleCheckpointError,
     StoreError,
+    StorePermissionError,
+    StoreUnreachableError,
+    StoreUnsupportedError,
     TransientStoreError,
     UnknownExecutionError,
     UnsupportedSchemaError,
@@ -56,7 +61,7 @@ from .errors import (
 )
 from .fencing import AttemptFence
 from .ids import ExecutionId, validate_id
-from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, PublishedCheckpoint
+from .manifests import AggregateManifest, GlobalCheckpointRecord, LatestPointer, SequenceClaim
 from .participants import (
     AgentParticipant,
     JsonCodec,
@@ -65,6 +70,7 @@ from .participants import (
     ResourcesParticipant,
     StateCodec,
 )
+from .published import PublishedCheckpoint
 from .records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
@@ -75,7 +81,14 @@ from .records import (
     ResourceSnapshotRecord,
     TokenStoreReceipt,
 )
-from .recovery import RecoveryPlan, RolloutPlan, list_checkpoints, load_checkpoint, verify_checkpoint
+from .recovery import (
+    RecoveryPlan,
+    RolloutPlan,
+    SkippedCheckpoint,
+    list_checkpoints,
+    load_checkpoint,
+    verify_checkpoint,
+)
 from .registry import LiveExecutionRegistry
 from .retention import GcReport, collect_garbage
 from .store import (
@@ -134,6 +147,7 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidPhaseError",
     "InvalidRecordError",
+    "InvalidValueError",
     "JsonCodec",
     "LatestPointer",
     "LineageStore",
@@ -167,11 +181,17 @@ __all__ = [
     "RestoreReply",
     "ResumeReply",
     "RolloutPlan",
+    "SequenceClaim",
+    "SequenceTakenError",
+    "SkippedCheckpoint",
     "StaleAttemptError",
     "StaleCheckpointError",
     "StateCodec",
     "StoreCapabilities",
     "StoreError",
+    "StorePermissionError",
+    "StoreUnreachableError",
+    "StoreUnsupportedError",
     "TokenEntry",
     "TokenSink",
     "TokenSnapshotReceipt",

@@ -48,6 +48,7 @@ from .errors import (
     InvalidPhaseError,
     ManifestConflictError,
     ObjectExistsError,
+    SequenceTakenError,
     TransientStoreError,
 )
 from .ids import ExecutionId, validate_id
@@ -61,9 +62,9 @@ from .manifests import (
     new_checkpoint_id,
     new_commit_token,
     publish_record,
-    read_latest,
     write_aggregate,
 )
+from .published import iter_candidates, next_sequence
 from .recovery import RecoveryPlan, TokenSnapshotLoader, load_checkpoint
 from .registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
 from .store import DelegatingStore, ObjectInfo, ObjectStore, PutResult, open_store
@@ -93,6 +94,8 @@ _RETRYABLE: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, Tr
 (idempotent) call is repeated. A ``CheckpointError`` is an answer and is never retried."""
 
 T = TypeVar("T")
+
+_SEQUENCE_ATTEMPTS = 32
 
 
 class CheckpointNotReadyError(CheckpointError):
@@ -421,26 +424,13 @@ class Coordinator:
                 now = time.perf_counter()
                 timings["tokens"], mark = now - mark, now
 
-                # 7. THE COMMIT POINT: the global checkpoint record, create-only
-                pointer = read_latest(self.store)
-                previous = pointer[0] if pointer is not None else None
-                sequence = max(self._last_sequence, previous.sequence if previous else 0) + 1
-                record = GlobalCheckpointRecord(
-                    checkpoint_id=cid,
-                    sequence=sequence,
-                    created_at=created_at,
-                    commit_token=token,
-                    coordinator_id=self.coordinator_id,
-                    previous_checkpoint_id=previous.checkpoint_id if previous else None,
-                    aggregate=aggregate_ref,
-                    components=components,
-                    token_snapshot=receipt,
-                    framework_state=framework_state,
-                    counts=self.registry.counts(),
-                )
+                # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
                 self._check_deadline(cid, deadline, "publish")
                 self._step("publish")
-                record_ref = publish_record(self.store, record)
+                record, record_ref = self._publish(
+                    cid, token, created_at, aggregate_ref, components, receipt, framework_state
+                )
+                sequence = record.sequence
             except BaseException as exc:
                 self._abort(cid, touched, deadline)
                 if isinstance(exc, ObjectExistsError):
@@ -476,6 +466,42 @@ class Coordinator:
             pause_seconds=now - started,
             publish_seconds=publish_seconds,
             timings=timings,
+        )
+
+    def _publish(
+        self,
+        cid: str,
+        token: str,
+        created_at: datetime,
+        aggregate_ref: ObjectRef,
+        components: list[ComponentRef],
+        receipt: dict[str, JsonValue] | None,
+        framework_state: JsonValue,
+    ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
+        """Claim the next sequence (derived from the published log, never from ``latest.json``)
+        and create the record; a sequence another publisher won is retried one later."""
+        for _ in range(_SEQUENCE_ATTEMPTS):
+            newest = next(iter_candidates(self.store), None)
+            record = GlobalCheckpointRecord(
+                checkpoint_id=cid,
+                sequence=next_sequence(self.store, self._last_sequence),
+                created_at=created_at,
+                commit_token=token,
+                coordinator_id=self.coordinator_id,
+                previous_checkpoint_id=newest.checkpoint_id if newest is not None else None,
+                aggregate=aggregate_ref,
+                components=components,
+                token_snapshot=receipt,
+                framework_state=framework_state,
+                counts=self.registry.counts(),
+            ).sealed()
+            try:
+                return record, publish_record(self.store, record)
+            except SequenceTakenError:
+                log.info("checkpoint %s: sequence %d taken by another publisher", cid, record.sequence)
+        raise ManifestConflictError(
+            f"checkpoint {cid}: lost the race for a sequence number {_SEQUENCE_ATTEMPTS} times in a row",
+            checkpoint_id=cid,
         )
 
     def _validate(self, cid: str, participant: ParticipantControl, reply: CommitReply) -> ComponentRef:
@@ -558,6 +584,8 @@ class Coordinator:
         *,
         deadline_s: float = 60.0,
         restore_id: str | None = None,
+        verify: bool = False,
+        fallback: bool = False,
     ) -> RestoreOutcome:
         """Restore a published checkpoint (latest by default) into the participants.
 
@@ -567,10 +595,17 @@ class Coordinator:
         everywhere, every participant is resumed, the registry is left unchanged and
         :class:`RestoreFailedError` is raised. On success the registry holds the rebuilt plan
         and the participants stay paused until :meth:`resume` ``(restore_id)``.
+        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.recovery.load_checkpoint`:
+        digest-check everything first, and use the newest checkpoint that loads (verifies) when
+        the requested one is damaged (``outcome.plan.skipped`` says what was passed over).
         """
         with self._cycle:
             plan = load_checkpoint(
-                self.store, checkpoint_id, token_snapshot_loader=self.token_snapshot_loader
+                self.store,
+                checkpoint_id,
+                verify=verify,
+                fallback=fallback,
+                token_snapshot_loader=self.token_snapshot_loader,
             )
             rid = validate_id(restore_id or new_checkpoint_id("restore"), "restore_id")
             entries, retired = plan.registry_entries()
@@ -686,7 +721,8 @@ class Coordinator:
                 self.registry.retire(execution)
 
     def forget(self, rollout_ids: Iterable[str]) -> None:
-        """The framework is done with these rollouts for good: drop tombstones everywhere."""
+        """The framework is done with these rollouts for good: drop tombstones everywhere, and
+        their token data from later token-store snapshots (if the token source can forget)."""
         ids = list(rollout_ids)
         ordered = self._ordered()
         for stage in RETIRE_ORDER:
@@ -694,3 +730,6 @@ class Coordinator:
                 if name.split("/", 1)[0] in stage:
                     self._call(name, "forget", participant.forget, ids, hook=False)
         self.registry.forget(ids)
+        forget_tokens = getattr(self.token_source, "forget", None)
+        if callable(forget_tokens):  # later snapshots leave their token data out: gc can drop it
+            forget_tokens(ids)

@@ -22,12 +22,17 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidPhaseError",
     "InvalidRecordError",
+    "InvalidValueError",
     "ManifestConflictError",
     "ObjectExistsError",
     "ObjectNotFoundError",
+    "SequenceTakenError",
     "StaleAttemptError",
     "StaleCheckpointError",
     "StoreError",
+    "StorePermissionError",
+    "StoreUnreachableError",
+    "StoreUnsupportedError",
     "TransientStoreError",
     "UnknownExecutionError",
     "UnsupportedSchemaError",
@@ -58,6 +63,12 @@ class InvalidIdentifierError(CheckpointError, ValueError):
     """An id or object key that would be unsafe as part of an object key."""
 
     code = "invalid_id"
+
+
+class InvalidValueError(CheckpointError, ValueError):
+    """An argument outside its allowed values (``ResourcesParticipant(mode="bogus")``, say)."""
+
+    code = "invalid_value"
 
 
 class UnsupportedSchemaError(CheckpointError):
@@ -133,6 +144,26 @@ class VersionChangedError(StoreError):
     code = "version_changed"
 
 
+class StorePermissionError(StoreError):
+    """The store refused the operation: no permission, or a read-only file system."""
+
+    code = "permission_denied"
+
+
+class StoreUnreachableError(TransientStoreError):
+    """The store could not be reached (connection refused, DNS, timeout): never "nothing stored".
+
+    Transient by nature (a retry may succeed), so it is a :class:`TransientStoreError`."""
+
+    code = "store_unreachable"
+
+
+class StoreUnsupportedError(StoreError):
+    """The backend does not implement the operation (a read-only fsspec filesystem, say)."""
+
+    code = "unsupported_operation"
+
+
 class ConditionalWriteUnsupportedError(StoreError):
     """The backend cannot prove atomic create-only / compare-and-swap puts; publication refused."""
 
@@ -149,6 +180,12 @@ class ManifestConflictError(CheckpointError):
     """A different manifest was already committed at the same place."""
 
     code = "manifest_conflict"
+
+
+class SequenceTakenError(ManifestConflictError):
+    """Another publish already claimed this checkpoint sequence number (claim the next one)."""
+
+    code = "sequence_taken"
 
 
 # --- protocol -------------------------------------------------------------------------------

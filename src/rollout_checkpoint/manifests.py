@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from . import layout
+from ._validation import TypedModel, describe_validation_error
 from .errors import (
     CheckpointNotFoundError,
     IntegrityError,
@@ -34,6 +35,7 @@ from .errors import (
     ManifestConflictError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SequenceTakenError,
     StoreError,
     UnsupportedSchemaError,
     VersionChangedError,
@@ -49,23 +51,30 @@ __all__ = [
     "GlobalCheckpointRecord",
     "LatestPointer",
     "LatestUpdate",
+    "RECORD_SCHEMA_VERSION",
     "ObjectRef",
-    "PublishedCheckpoint",
+    "SequenceClaim",
     "advance_latest",
     "canonical_json",
-    "list_published",
+    "check_record",
+    "claim_sequence",
     "new_checkpoint_id",
     "new_commit_token",
     "ordering_key",
     "publish_record",
     "read_aggregate",
+    "read_claim",
     "read_latest",
     "read_record",
     "write_aggregate",
 ]
 
 MANIFEST_SCHEMA_VERSION = 1
-"""Schema version of the aggregate manifest, global record and pointer written by this module."""
+"""Schema version of the aggregate manifest, the latest pointer and the sequence claim."""
+
+RECORD_SCHEMA_VERSION = 2
+"""Schema version of the global checkpoint record (2 added ``record_digest`` and the sequence
+claim; version 1 records are still read)."""
 
 _LATEST_ATTEMPTS = 32
 
@@ -90,16 +99,17 @@ def _utc(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-class _Model(BaseModel):
+class _Model(TypedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    SCHEMA: ClassVar[int] = MANIFEST_SCHEMA_VERSION
     schema_version: int = Field(default=MANIFEST_SCHEMA_VERSION, ge=1)
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_newer_schema(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            refuse_newer_schema(cls.__name__, data.get("schema_version"), MANIFEST_SCHEMA_VERSION)
+            refuse_newer_schema(cls.__name__, data.get("schema_version"), cls.SCHEMA)
         return data
 
     def to_bytes(self) -> bytes:
@@ -174,8 +184,15 @@ class AggregateManifest(_Model):
 
 
 class GlobalCheckpointRecord(_Model):
-    """The commit point: once ``published/<id>.json`` exists, the checkpoint exists."""
+    """The commit point: once ``published/<id>.json`` exists, the checkpoint exists.
 
+    Version 2 is self-verifying: ``record_digest`` is the sha256 of the record's canonical JSON
+    without that field (:meth:`sealed` sets it), and the record's sequence claim pins the exact
+    bytes. Version 1 records (no digest, no claim) are still read.
+    """
+
+    SCHEMA: ClassVar[int] = RECORD_SCHEMA_VERSION
+    schema_version: int = Field(default=RECORD_SCHEMA_VERSION, ge=1)
     type: Literal["global_checkpoint"] = "global_checkpoint"
     checkpoint_id: Identifier
     sequence: int = Field(ge=1)
@@ -188,6 +205,20 @@ class GlobalCheckpointRecord(_Model):
     token_snapshot: dict[str, JsonValue] | None = None
     framework_state: JsonValue = None
     counts: dict[str, int] = Field(default_factory=dict)
+    record_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    def computed_digest(self) -> str:
+        """sha256 of the canonical JSON of every field except ``record_digest``."""
+        body = self.model_dump(mode="json", exclude={"record_digest"})
+        return hashlib.sha256(canonical_json(body)).hexdigest()
+
+    def sealed(self) -> GlobalCheckpointRecord:
+        """This record with ``record_digest`` set (what a publisher writes)."""
+        return self.model_copy(update={"record_digest": self.computed_digest()})
+
+    def to_bytes(self) -> bytes:
+        exclude = {"record_digest"} if self.record_digest is None else set()
+        return canonical_json(self.model_dump(mode="json", exclude=exclude))
 
     @model_validator(mode="after")
     def _keys_under_own_prefix(self) -> GlobalCheckpointRecord:
@@ -212,6 +243,24 @@ class LatestPointer(_Model):
     updated_at: datetime
 
 
+class SequenceClaim(_Model):
+    """``sequence/<n>.json``: written create-only just before the record it names, so each
+    sequence number belongs to exactly one publish and pins that record's exact bytes."""
+
+    type: Literal["sequence_claim"] = "sequence_claim"
+    sequence: int = Field(ge=1)
+    checkpoint_id: Identifier
+    commit_token: str = Field(min_length=1)
+    coordinator_id: str = Field(min_length=1)
+    record: ObjectRef
+
+    @model_validator(mode="after")
+    def _names_published_key(self) -> SequenceClaim:
+        if self.record.key != layout.published_key(self.checkpoint_id):
+            raise ValueError("record key must be layout.published_key(checkpoint_id)")
+        return self
+
+
 def ordering_key(sequence: int, created_at: datetime, checkpoint_id: str) -> tuple[int, datetime, str]:
     """Total order of checkpoints: sequence, then creation time, then id (ties never happen twice)."""
     return (sequence, _utc(created_at), checkpoint_id)
@@ -230,7 +279,9 @@ def _parse(cls: type[M], data: bytes, key: str) -> M:
     except UnsupportedSchemaError:
         raise
     except ValidationError as exc:
-        raise InvalidRecordError(f"{key}: not a valid {cls.__name__}: {exc}", key=key) from None
+        raise InvalidRecordError(
+            f"{key}: not a valid {cls.__name__}: {describe_validation_error(exc)}", key=key
+        ) from None
     except ValueError as exc:  # invalid UTF-8 / JSON
         raise InvalidRecordError(f"{key}: not a valid {cls.__name__}: {exc}", key=key) from None
 
@@ -268,19 +319,115 @@ def read_aggregate(store: ObjectStore, ref: ObjectRef) -> AggregateManifest:
 
 
 def publish_record(store: ObjectStore, record: GlobalCheckpointRecord) -> ObjectRef:
-    """The commit point: create ``published/<id>.json``.
+    """The commit: claim ``sequence/<n>.json``, then create ``published/<id>.json``.
 
-    A retry whose first try already landed finds identical bytes and succeeds; a record from
-    another coordinator (different ``commit_token``) raises ``ManifestConflictError``.
+    A version 2 record is sealed first and its sequence claimed (:func:`claim_sequence`):
+    :class:`SequenceTakenError` when another publish holds that sequence (build the record
+    again with a later one). A retry whose first try already landed finds identical bytes and
+    succeeds; a record from another coordinator (different ``commit_token``) raises
+    ``ManifestConflictError``. A version 1 record (legacy, tests) is written without a claim.
     """
+    if record.schema_version >= 2:
+        if record.record_digest is None:
+            record = record.sealed()
+        claim_sequence(store, record)
     key = layout.published_key(record.checkpoint_id)
     data = record.to_bytes()
     _create_only(store, key, data, "global checkpoint record")
     return ObjectRef.of(key, data)
 
 
+def claim_sequence(store: ObjectStore, record: GlobalCheckpointRecord) -> SequenceClaim:
+    """Create ``sequence/<record.sequence>.json`` naming ``record`` (sealed) by digest.
+
+    Raises :class:`SequenceTakenError` when another publish already holds that sequence: of
+    publishers racing for one sequence exactly one wins; the others claim a later one. A retry
+    of the same claim (identical bytes) succeeds.
+    """
+    if record.record_digest is None and record.schema_version >= 2:
+        raise ValueError("claim_sequence needs a sealed record (GlobalCheckpointRecord.sealed())")
+    key = layout.published_key(record.checkpoint_id)
+    claim = SequenceClaim(
+        sequence=record.sequence,
+        checkpoint_id=record.checkpoint_id,
+        commit_token=record.commit_token,
+        coordinator_id=record.coordinator_id,
+        record=ObjectRef.of(key, record.to_bytes()),
+    )
+    try:
+        store.put_if_absent(layout.sequence_key(record.sequence), claim.to_bytes())
+    except ObjectExistsError:
+        raise SequenceTakenError(
+            f"{store.url}: sequence {record.sequence} is already claimed by another publish",
+            sequence=record.sequence,
+            checkpoint_id=record.checkpoint_id,
+        ) from None
+    return claim
+
+
+def read_claim(store: ObjectStore, sequence: int) -> SequenceClaim | None:
+    """The claim of ``sequence``, ``None`` when unclaimed; ``IntegrityError`` when unparseable."""
+    key = layout.sequence_key(sequence)
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        return None
+    try:
+        claim = _parse(SequenceClaim, data, key)
+    except InvalidRecordError as exc:
+        raise IntegrityError(exc.message, key=key) from None
+    if claim.sequence != sequence:
+        raise IntegrityError(f"{key} names sequence {claim.sequence}", key=key)
+    return claim
+
+
+def check_record(store: ObjectStore, record: GlobalCheckpointRecord, ref: ObjectRef) -> None:
+    """Self-verification of a published record: its digest and its sequence claim.
+
+    Version 2: ``record_digest`` must match the content and the claim of ``record.sequence``
+    must name this checkpoint, commit and exact bytes. Version 1 (legacy, no digest): checked
+    against a claim only where one names this checkpoint. ``IntegrityError`` on any mismatch.
+    """
+    key = ref.key
+    if record.schema_version >= 2:
+        if record.record_digest is None:
+            raise IntegrityError(
+                f"{key}: version {record.schema_version} record without record_digest", key=key
+            )
+        digest = record.computed_digest()
+        if digest != record.record_digest:
+            raise IntegrityError(
+                f"{key}: content does not match its record_digest (the record was edited)",
+                key=key,
+                found=digest,
+                expected=record.record_digest,
+            )
+    claim = read_claim(store, record.sequence)
+    if claim is None:
+        if record.schema_version >= 2:
+            raise IntegrityError(
+                f"{key}: the claim {layout.sequence_key(record.sequence)} of its sequence is missing",
+                key=key,
+            )
+        return
+    if claim.checkpoint_id != record.checkpoint_id:
+        if record.schema_version >= 2:
+            raise IntegrityError(
+                f"{key}: sequence {record.sequence} is claimed by checkpoint {claim.checkpoint_id!r}",
+                key=key,
+            )
+        return
+    if claim.commit_token != record.commit_token or claim.record != ref:
+        raise IntegrityError(
+            f"{key}: bytes differ from those its sequence claim {layout.sequence_key(record.sequence)} "
+            "pins (the record was edited or replaced)",
+            key=key,
+        )
+
+
 def read_record(store: ObjectStore, checkpoint_id: str) -> tuple[GlobalCheckpointRecord, ObjectRef]:
-    """The published record of ``checkpoint_id`` and a ref pinning the bytes read."""
+    """The published record of ``checkpoint_id`` and a ref pinning the bytes read, checked
+    against its digest and sequence claim (:func:`check_record`)."""
     key = layout.published_key(checkpoint_id)
     try:
         data = store.get(key)
@@ -293,48 +440,9 @@ def read_record(store: ObjectStore, checkpoint_id: str) -> tuple[GlobalCheckpoin
         raise InvalidRecordError(
             f"{key} names checkpoint {record.checkpoint_id!r}", key=key, checkpoint_id=record.checkpoint_id
         )
-    return record, ObjectRef.of(key, data)
-
-
-@dataclass(frozen=True)
-class PublishedCheckpoint:
-    """A listed published checkpoint (``record`` is ``None`` when its record does not parse)."""
-
-    checkpoint_id: str
-    record: GlobalCheckpointRecord | None
-    error: str | None = None
-    latest: bool = False
-
-    @property
-    def order(self) -> tuple[int, datetime, str]:
-        if self.record is None:
-            return (0, datetime.min.replace(tzinfo=UTC), self.checkpoint_id)
-        return _record_order(self.record)
-
-
-def list_published(store: ObjectStore) -> list[PublishedCheckpoint]:
-    """Every ``published/*.json`` newest first; the pointer's target is marked ``latest``.
-
-    Unreadable records are listed with ``error`` (oldest) rather than hidden.
-    """
-    pointer = read_latest(store)
-    latest_id = pointer[0].checkpoint_id if pointer is not None else None
-    out: list[PublishedCheckpoint] = []
-    for info in store.list(layout.PUBLISHED_PREFIX):
-        name = info.key[len(layout.PUBLISHED_PREFIX) :]
-        if "/" in name or not name.endswith(".json"):
-            continue
-        checkpoint_id = name[: -len(".json")]
-        try:
-            record, _ = read_record(store, checkpoint_id)
-        except CheckpointNotFoundError:
-            continue  # unpublished while listing
-        except (InvalidRecordError, UnsupportedSchemaError) as exc:
-            out.append(PublishedCheckpoint(checkpoint_id, None, exc.message, checkpoint_id == latest_id))
-            continue
-        out.append(PublishedCheckpoint(checkpoint_id, record, None, checkpoint_id == latest_id))
-    out.sort(key=lambda p: p.order, reverse=True)
-    return out
+    ref = ObjectRef.of(key, data)
+    check_record(store, record, ref)
+    return record, ref
 
 
 # -- latest pointer ---------------------------------------------------------------------------

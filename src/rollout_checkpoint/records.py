@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
+from ._validation import TypedModel, describe_validation_error
 from .errors import InvalidRecordError, refuse_newer_schema
 from .ids import ExecutionId, Identifier
 
@@ -46,7 +47,7 @@ RecordKind = Literal[
 ]
 
 
-class Record(BaseModel, abc.ABC):
+class Record(TypedModel, abc.ABC):
     """Common fields of every record kind."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
@@ -238,7 +239,9 @@ def decode_record(kind: str, payload: bytes | str) -> Record:
     try:
         return cls.model_validate_json(payload)
     except ValidationError as exc:
-        raise InvalidRecordError(f"invalid {kind} record: {exc}", kind=kind) from None
+        raise InvalidRecordError(
+            f"invalid {kind} record: {describe_validation_error(exc)}", kind=kind
+        ) from None
 
 
 def record_payload_json(record: Record) -> dict[str, Any]:

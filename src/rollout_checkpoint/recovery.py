@@ -18,32 +18,48 @@ The rules are specified in ``docs/protocol.md`` ("Recovery classification").
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any
 
 from pydantic import JsonValue
 
 from . import layout
-from .archive import ArchiveReader, MemberRef
+from ._classify import (
+    DISPOSITIONS,
+    ComponentSummary,
+    Disposition,
+    RolloutPlan,
+    TokenSnapshotView,
+    classify,
+    reject,
+)
+from .archive import ArchiveReader
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CheckpointRejectedError,
     InvalidRecordError,
+    ObjectNotFoundError,
+    StoreError,
 )
-from .ids import ExecutionId, validate_id
+from .ids import validate_id
 from .manifests import (
     AggregateManifest,
     ComponentRef,
     GlobalCheckpointRecord,
     ObjectRef,
-    PublishedCheckpoint,
-    list_published,
     read_aggregate,
-    read_latest,
     read_record,
+)
+from .published import (
+    PublishedCheckpoint,
+    iter_candidates,
+    list_published,
+    pointer_note,
+    read_pointer_hint,
 )
 from .records import CompletedResultRecord, DispatchRecord, DispatchState, Record
 from .registry import REGISTRY_INSTANCE, REGISTRY_KIND, RegistryEntry
@@ -56,6 +72,7 @@ __all__ = [
     "LoadedCheckpoint",
     "RecoveryPlan",
     "RolloutPlan",
+    "SkippedCheckpoint",
     "TokenSnapshotLoader",
     "TokenSnapshotView",
     "VerifyReport",
@@ -66,93 +83,30 @@ __all__ = [
     "verify_checkpoint",
 ]
 
-Disposition = Literal["completed", "continue", "fresh_dispatch"]
-DISPOSITIONS: tuple[Disposition, ...] = ("completed", "continue", "fresh_dispatch")
-
-_COMPLETED_STATES = frozenset({"handed_off", "consumed"})
-
-Execution = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class TokenSnapshotView:
-    """What classification needs of a token-store snapshot: ``key -> (digest, length)``."""
-
-    snapshot_id: str
-    store: str | None
-    entries: Mapping[str, tuple[str, int]]
-
-
 TokenSnapshotLoader = Callable[[ObjectStore, Mapping[str, JsonValue]], TokenSnapshotView]
 
 
 @dataclass(frozen=True)
-class RolloutPlan:
-    """The disposition of one dispatched execution (``attempt`` is the checkpointed attempt N)."""
+class VerifyReport:
+    """Result of :func:`verify_checkpoint`: every object's full digest was checked."""
 
-    rollout_id: str
-    attempt: int
-    disposition: Disposition
-    reason: str
-    state: DispatchState
-    restart_only: bool = False
-
-    @property
-    def execution(self) -> ExecutionId:
-        return ExecutionId(rollout_id=self.rollout_id, attempt=self.attempt)
-
-    @property
-    def next_attempt(self) -> int:
-        """The attempt that runs after a restore: N for ``completed`` (nothing runs), else N+1."""
-        return self.attempt if self.disposition == "completed" else self.attempt + 1
-
-    def to_json(self) -> dict[str, JsonValue]:
-        return {
-            "rollout_id": self.rollout_id,
-            "attempt": self.attempt,
-            "disposition": self.disposition,
-            "reason": self.reason,
-            "state": self.state,
-            "restart_only": self.restart_only,
-            "next_attempt": self.next_attempt,
-        }
+    checkpoint_id: str
+    components: int
+    objects: int
+    bytes_verified: int
+    counts: dict[str, int]
 
 
 @dataclass(frozen=True)
-class ComponentSummary:
-    """One validated component: its ref, its manifest ``extra`` and member counts."""
+class SkippedCheckpoint:
+    """A newer checkpoint that ``fallback=True`` passed over, and why."""
 
-    ref: ComponentRef
-    record_counts: dict[str, int]
-    extra: dict[str, JsonValue]
+    checkpoint_id: str
+    code: str
+    reason: str
 
-    @property
-    def kind(self) -> str:
-        return self.ref.kind
-
-    @property
-    def instance(self) -> str:
-        return self.ref.instance
-
-    @property
-    def tombstones(self) -> dict[str, int]:
-        raw = self.extra.get("tombstones")
-        if not isinstance(raw, dict):
-            return {}
-        return {str(k): int(v) for k, v in raw.items() if isinstance(v, int)}
-
-    @property
-    def restarts(self) -> list[Execution]:
-        return _pairs(self.extra.get("restarts"))
-
-    @property
-    def executions(self) -> list[Execution]:
-        return _pairs(self.extra.get("executions"))
-
-    @property
-    def unsafe_effects(self) -> list[dict[str, JsonValue]]:
-        raw = self.extra.get("unsafe_effects")
-        return [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"checkpoint_id": self.checkpoint_id, "code": self.code, "reason": self.reason}
 
 
 @dataclass
@@ -175,6 +129,12 @@ class RecoveryPlan:
     keys_read: int
     seconds: float
     readers: dict[tuple[str, str], ArchiveReader] = field(repr=False, default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """What the reader noticed on the way (a missing or stale ``latest.json``, passed claims)."""
+    skipped: list[SkippedCheckpoint] = field(default_factory=list)
+    """Newer checkpoints ``fallback=True`` passed over because they failed verification."""
+    verified: VerifyReport | None = None
+    """Set by ``verify=True``: every object the plan depends on was digest-checked."""
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = dict.fromkeys(DISPOSITIONS, 0)
@@ -271,6 +231,9 @@ class RecoveryPlan:
             "bytes_read": self.bytes_read,
             "keys_read": self.keys_read,
             "seconds": round(self.seconds, 6),
+            "verified": self.verified is not None,
+            "notes": list(self.notes),
+            "skipped": [s.to_json() for s in self.skipped],
         }
         if rollouts:
             out["rollouts"] = [p.to_json() for p in self.rollouts.values()]
@@ -278,37 +241,6 @@ class RecoveryPlan:
 
 
 LoadedCheckpoint = RecoveryPlan
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """Result of :func:`verify_checkpoint`: every object's full digest was checked."""
-
-    checkpoint_id: str
-    components: int
-    objects: int
-    bytes_verified: int
-    counts: dict[str, int]
-
-
-def _pairs(raw: Any) -> list[Execution]:
-    out: list[Execution] = []
-    if isinstance(raw, list):
-        for item in raw:
-            if isinstance(item, list | tuple) and len(item) == 2:
-                out.append((str(item[0]), int(item[1])))
-            elif isinstance(item, dict) and "rollout_id" in item:
-                out.append((str(item["rollout_id"]), int(item.get("attempt", 0))))
-    return out
-
-
-def _reject(checkpoint_id: str, reason: str, **details: Any) -> CheckpointRejectedError:
-    return CheckpointRejectedError(
-        f"checkpoint {checkpoint_id!r} rejected: {reason}",
-        checkpoint_id=checkpoint_id,
-        reason=reason,
-        **details,
-    )
 
 
 def default_token_snapshot_loader(store: ObjectStore, receipt: Mapping[str, JsonValue]) -> TokenSnapshotView:
@@ -331,22 +263,18 @@ def default_token_snapshot_loader(store: ObjectStore, receipt: Mapping[str, Json
 
 
 def resolve_checkpoint_id(store: ObjectStore, checkpoint_id: str | None = None) -> str:
-    """``checkpoint_id`` itself, else the ``latest`` pointer's target, else the newest published.
+    """``checkpoint_id`` itself, else the newest published checkpoint of the log.
 
-    The pointer is preferred; a pointer that is missing or names an unpublished record falls
-    back to the newest listed record (a crash between the commit point and the pointer move
-    leaves exactly that state). An explicit id that is not a valid id is ``invalid_id`` (a
-    typo is not a rejected checkpoint).
+    The order comes from the sequence claims (:mod:`~rollout_checkpoint.published`), never from
+    ``latest.json``. An explicit id that is not a valid id is ``invalid_id`` (a typo is not a
+    rejected checkpoint).
     """
     if checkpoint_id is not None:
         return validate_id(checkpoint_id, "checkpoint_id")
-    pointer = read_latest(store)
-    if pointer is not None and store.exists(layout.published_key(pointer[0].checkpoint_id)):
-        return pointer[0].checkpoint_id
-    listed = [p for p in list_published(store) if p.record is not None]
-    if not listed:
+    newest = next(iter_candidates(store), None)
+    if newest is None:
         raise CheckpointNotFoundError(f"{store.url}: no published checkpoint", url=store.url)
-    return listed[0].checkpoint_id
+    return newest.checkpoint_id
 
 
 def list_checkpoints(url_or_store: str | ObjectStore, **storage_options: Any) -> list[PublishedCheckpoint]:
@@ -354,38 +282,106 @@ def list_checkpoints(url_or_store: str | ObjectStore, **storage_options: Any) ->
     return list_published(open_store(url_or_store, **storage_options))
 
 
+def _skippable(exc: CheckpointError) -> bool:
+    """Fallback passes over damage only: a checkpoint rejected for a declared unsafe external
+    effect must stop the reader, since older state predates that effect."""
+    return isinstance(exc, CheckpointRejectedError) and "unsafe_effects" not in exc.details
+
+
 def load_checkpoint(
     url_or_store: str | ObjectStore,
     checkpoint_id: str | None = None,
     *,
+    verify: bool = False,
+    fallback: bool = False,
     token_snapshot_loader: TokenSnapshotLoader | None = None,
     **storage_options: Any,
 ) -> RecoveryPlan:
-    """Validate the published checkpoint (latest by default) and classify every execution.
+    """Validate the published checkpoint (the newest by default) and classify every execution.
 
     Raises :class:`CheckpointNotFoundError` when nothing is published and
     :class:`CheckpointRejectedError` (with ``details["reason"]``) when the checkpoint must not
-    be used. Reads the record, the aggregate, the component manifests, their member indexes and
-    the token snapshot manifest; never a shard payload.
+    be used. Reads the record (checked against its digest and sequence claim), the aggregate,
+    the component manifests, their member indexes and the token snapshot manifest; never a
+    shard payload. ``verify=True`` also digest-checks every shard, index and token shard the
+    plan depends on. ``fallback=True``: when that checkpoint is rejected as damaged, use the
+    newest older one that loads (and verifies), listing what was passed over in
+    :attr:`RecoveryPlan.skipped`. Without ``fallback`` a damaged newest checkpoint is an error,
+    never a silent step back.
     """
     started = time.perf_counter()
     base = open_store(url_or_store, **storage_options)
+    notes: list[str] = []
+    if checkpoint_id is not None and not fallback:
+        plan = _load_one(base, validate_id(checkpoint_id, "checkpoint_id"), verify, token_snapshot_loader)
+        plan.seconds = time.perf_counter() - started
+        return plan
+    hint = read_pointer_hint(base) if checkpoint_id is None else None
+    candidates = iter_candidates(base)
+    if checkpoint_id is not None:
+        wanted = validate_id(checkpoint_id, "checkpoint_id")
+        candidates = itertools.dropwhile(lambda c: c.checkpoint_id != wanted, candidates)
+    skipped: list[SkippedCheckpoint] = []
+    for index, candidate in enumerate(candidates):
+        notes.extend(candidate.passed)
+        if index == 0 and hint is not None:
+            note = pointer_note(hint, candidate)
+            if note is not None:
+                notes.append(note)
+        try:
+            plan = _load_one(base, candidate.checkpoint_id, verify, token_snapshot_loader)
+        except CheckpointNotFoundError:
+            notes.append(f"{candidate.checkpoint_id}: unpublished while loading")
+            continue
+        except CheckpointError as exc:
+            if not (fallback and _skippable(exc)):
+                if notes:
+                    exc.details.setdefault("notes", list(notes))
+                raise
+            skipped.append(SkippedCheckpoint(candidate.checkpoint_id, exc.code, exc.message))
+            continue
+        plan.notes, plan.skipped = notes, skipped
+        plan.seconds = time.perf_counter() - started
+        return plan
+    if skipped:
+        raise CheckpointRejectedError(
+            f"{base.url}: no published checkpoint "
+            + ("verifies: " if verify else "loads: ")
+            + "; ".join(f"{s.checkpoint_id} ({s.reason})" for s in skipped),
+            reason="every published checkpoint was rejected",
+            skipped=[s.to_json() for s in skipped],
+            notes=notes,
+        )
+    if checkpoint_id is not None:
+        raise CheckpointNotFoundError(
+            f"{base.url}: no published checkpoint {checkpoint_id!r}", checkpoint_id=checkpoint_id
+        )
+    raise CheckpointNotFoundError(f"{base.url}: no published checkpoint", url=base.url, notes=notes)
+
+
+def _load_one(
+    base: ObjectStore, cid: str, verify: bool, token_snapshot_loader: TokenSnapshotLoader | None
+) -> RecoveryPlan:
+    started = time.perf_counter()
     store = CountingStore(base)
-    cid = resolve_checkpoint_id(store, checkpoint_id)
     try:
         record, record_ref = read_record(store, cid)
     except CheckpointNotFoundError:
         raise
     except CheckpointError as exc:
-        raise _reject(cid, f"global checkpoint record unreadable: {exc.message}", code=exc.code) from exc
+        if _store_failure(exc):
+            raise  # the store failed: no answer about the checkpoint was received
+        raise reject(cid, f"global checkpoint record unreadable: {exc.message}", code=exc.code) from exc
     try:
         aggregate = read_aggregate(store, record.aggregate)
     except CheckpointError as exc:
-        raise _reject(cid, f"aggregate manifest missing or corrupt: {exc.message}", code=exc.code) from exc
+        if _store_failure(exc):
+            raise
+        raise reject(cid, f"aggregate manifest missing or corrupt: {exc.message}", code=exc.code) from exc
     if aggregate.checkpoint_id != cid or aggregate.commit_token != record.commit_token:
-        raise _reject(cid, "aggregate manifest belongs to another checkpoint or commit")
+        raise reject(cid, "aggregate manifest belongs to another checkpoint or commit")
     if sorted(aggregate.components, key=_ref_key) != sorted(record.components, key=_ref_key):
-        raise _reject(cid, "aggregate manifest and global record name different components")
+        raise reject(cid, "aggregate manifest and global record name different components")
 
     readers: dict[tuple[str, str], ArchiveReader] = {}
     summaries: list[ComponentSummary] = []
@@ -395,7 +391,7 @@ def load_checkpoint(
         manifest = reader.manifest
         summaries.append(ComponentSummary(ref, dict(manifest.record_counts), dict(manifest.extra)))
     if (REGISTRY_KIND, REGISTRY_INSTANCE) not in readers:
-        raise _reject(cid, "the checkpoint has no framework/registry component")
+        raise reject(cid, "the checkpoint has no framework/registry component")
 
     snapshot: TokenSnapshotView | None = None
     if record.token_snapshot is not None:
@@ -403,10 +399,12 @@ def load_checkpoint(
         try:
             snapshot = loader(store, record.token_snapshot)
         except CheckpointError as exc:
-            raise _reject(cid, f"token-store snapshot unusable: {exc.message}", code=exc.code) from exc
+            if _store_failure(exc):
+                raise
+            raise reject(cid, f"token-store snapshot unusable: {exc.message}", code=exc.code) from exc
 
-    rollouts = _classify(cid, readers, summaries, snapshot)
-    return RecoveryPlan(
+    rollouts = classify(cid, readers, summaries, snapshot)
+    plan = RecoveryPlan(
         store=base,
         checkpoint_id=cid,
         record=record,
@@ -420,6 +418,14 @@ def load_checkpoint(
         seconds=time.perf_counter() - started,
         readers=readers,
     )
+    if verify:
+        plan.verified = _verify_plan(plan, token_snapshot_loader)
+    return plan
+
+
+def _store_failure(exc: CheckpointError) -> bool:
+    """A failed request (unreachable, denied, throttled) rather than missing or altered bytes."""
+    return isinstance(exc, StoreError) and not isinstance(exc, ObjectNotFoundError)
 
 
 def _ref_key(ref: ComponentRef) -> tuple[str, str]:
@@ -429,217 +435,39 @@ def _ref_key(ref: ComponentRef) -> tuple[str, str]:
 def _open_component(store: ObjectStore, cid: str, ref: ComponentRef) -> ArchiveReader:
     expected_prefix = layout.component_prefix(cid, ref.kind, ref.instance)
     if ref.prefix != expected_prefix or ref.manifest.key != f"{expected_prefix}/{layout.MANIFEST_NAME}":
-        raise _reject(cid, f"component {ref.kind}/{ref.instance} is not at its layout prefix")
+        raise reject(cid, f"component {ref.kind}/{ref.instance} is not at its layout prefix")
     try:
         reader = ArchiveReader.open(store, ref.prefix, expected_sha256=ref.manifest.sha256)
         manifest = reader.manifest
         if reader.manifest_ref.bytes != ref.manifest.bytes:
-            raise _reject(
-                cid, f"component {ref.kind}/{ref.instance}: manifest length differs from the record"
-            )
+            raise reject(cid, f"component {ref.kind}/{ref.instance}: manifest length differs from the record")
         if (manifest.checkpoint_id, manifest.participant_kind, manifest.instance) != (
             cid,
             ref.kind,
             ref.instance,
         ):
-            raise _reject(cid, f"component {ref.kind}/{ref.instance}: manifest names another component")
+            raise reject(cid, f"component {ref.kind}/{ref.instance}: manifest names another component")
     except CheckpointRejectedError:
         raise
     except CheckpointError as exc:
-        raise _reject(
+        raise reject(
             cid, f"component {ref.kind}/{ref.instance} missing or corrupt: {exc.message}", code=exc.code
         ) from exc
     return reader
 
 
-def _members(reader: ArchiveReader, cid: str) -> Iterator[MemberRef]:
-    try:
-        yield from reader.members()
-    except CheckpointError as exc:
-        raise _reject(cid, f"member index unreadable: {exc.message}", code=exc.code) from exc
-
-
-def _classify(
-    cid: str,
-    readers: Mapping[tuple[str, str], ArchiveReader],
-    summaries: Sequence[ComponentSummary],
-    snapshot: TokenSnapshotView | None,
-) -> dict[str, RolloutPlan]:
-    # -- every participant's declarations first: unsafe effects reject everything -------------------
-    restarts: dict[Execution, str] = {}
-    tombstones: dict[str, int] = {}
-    for comp in summaries:
-        if comp.ref.role != "participant":
-            continue
-        effects = comp.unsafe_effects
-        if effects:
-            first = effects[0]
-            raise _reject(
-                cid,
-                f"participant {comp.kind}/{comp.instance} declared an unsafe external effect for "
-                f"{first.get('rollout_id')}#{first.get('attempt')}: {first.get('description')}",
-                unsafe_effects=len(effects),
-            )
-        for ex in comp.restarts:
-            restarts.setdefault(ex, f"{comp.kind}/{comp.instance}")
-        for rollout_id, mark in comp.tombstones.items():
-            tombstones[rollout_id] = max(tombstones.get(rollout_id, -1), mark)
-
-    # -- the registry: dispatched executions and acknowledged results -----------------------------
-    registry = readers[(REGISTRY_KIND, REGISTRY_INSTANCE)]
-    dispatched: dict[str, tuple[int, str, bool]] = {}
-    acknowledged: set[Execution] = set()
-    for m in _members(registry, cid):
-        if m.kind == "dispatch":
-            refs = m.refs or {}
-            if m.rollout_id in dispatched:
-                raise _reject(cid, f"registry lists rollout {m.rollout_id!r} twice")
-            dispatched[m.rollout_id] = (m.attempt, str(refs.get("state")), bool(refs.get("restart_only")))
-        elif m.kind == "completed_result":
-            acknowledged.add((m.rollout_id, m.attempt))
-
-    # -- participant members, grouped by execution ------------------------------------------------
-    boundaries: dict[Execution, tuple[int, dict[str, Any]]] = {}
-    resources: dict[Execution, set[tuple[str, int]]] = {}
-    lineage: dict[Execution, dict[str, dict[str, Any]]] = {}
-    receipts: dict[Execution, dict[str, dict[str, Any]]] = {}
-    for comp in summaries:
-        if comp.ref.role != "participant":
-            continue
-        for m in _members(readers[(comp.kind, comp.instance)], cid):
-            ex = (m.rollout_id, m.attempt)
-            refs = m.refs or {}
-            if m.kind == "agent_boundary":
-                rev = m.revision if m.revision is not None else -1
-                best = boundaries.get(ex)
-                if best is None or rev > best[0]:
-                    boundaries[ex] = (rev, refs)
-            elif m.kind == "resource_snapshot":
-                resources.setdefault(ex, set()).add((m.key, m.revision if m.revision is not None else -1))
-            elif m.kind == "model_lineage":
-                lineage.setdefault(ex, {})[m.key] = refs
-            elif m.kind == "token_receipt":
-                receipts.setdefault(ex, {})[m.key] = refs
-
-    # -- every receipt must agree with the token-store snapshot (else reject) ---------------------
-    for ex, by_key in receipts.items():
-        for key, refs in by_key.items():
-            _check_receipt(cid, ex, key, refs, snapshot)
-
-    # -- one disposition per dispatched execution -------------------------------------------------
-    out: dict[str, RolloutPlan] = {}
-    for rollout_id in sorted(dispatched):
-        attempt, state, restart_only = dispatched[rollout_id]
-        ex = (rollout_id, attempt)
-        disposition, reason = _dispose(
-            ex,
-            state,
-            restart_only,
-            ex in acknowledged,
-            restarts,
-            tombstones,
-            boundaries,
-            resources,
-            lineage,
-            receipts,
-        )
-        out[rollout_id] = RolloutPlan(
-            rollout_id, attempt, disposition, reason, cast(DispatchState, state), restart_only
-        )
-    return out
-
-
-def _check_receipt(
-    cid: str, ex: Execution, key: str, refs: Mapping[str, Any], snapshot: TokenSnapshotView | None
-) -> None:
-    where = f"{ex[0]}#{ex[1]} token key {key!r}"
-    if snapshot is None:
-        raise _reject(cid, f"{where}: a token receipt exists but the checkpoint has no token-store snapshot")
-    # The receipt's ``store`` name is not compared: it embeds the store URL, and a checkpoint
-    # copied to another bucket or directory must stay loadable. Digest and length decide.
-    entry = snapshot.entries.get(key)
-    if entry is None:
-        raise _reject(cid, f"{where}: receipt is missing from token-store snapshot {snapshot.snapshot_id!r}")
-    if refs.get("digest") != entry[0] or refs.get("length") != entry[1]:
-        raise _reject(
-            cid,
-            f"{where}: receipt (digest {refs.get('digest')}, length {refs.get('length')}) disagrees with "
-            f"token-store snapshot {snapshot.snapshot_id!r} (digest {entry[0]}, length {entry[1]})",
-        )
-
-
-def _dispose(
-    ex: Execution,
-    state: str,
-    restart_only: bool,
-    acknowledged: bool,
-    restarts: Mapping[Execution, str],
-    tombstones: Mapping[str, int],
-    boundaries: Mapping[Execution, tuple[int, dict[str, Any]]],
-    resources: Mapping[Execution, set[tuple[str, int]]],
-    lineage: Mapping[Execution, dict[str, dict[str, Any]]],
-    receipts: Mapping[Execution, dict[str, dict[str, Any]]],
-) -> tuple[Disposition, str]:
-    if acknowledged or state in _COMPLETED_STATES:
-        return "completed", "result durably acknowledged before the checkpoint"
-    if restart_only:
-        return "fresh_dispatch", "restart-only execution"
-    if ex in restarts:
-        return "fresh_dispatch", f"participant {restarts[ex]} reported it must restart"
-    if state == "queued":
-        return "fresh_dispatch", "never started"
-    mark = tombstones.get(ex[0])
-    if mark is not None and ex[1] <= mark:
-        return "fresh_dispatch", f"attempt retired by a participant (tombstone {mark})"
-    boundary = boundaries.get(ex)
-    if boundary is None:
-        return "fresh_dispatch", "no agent boundary"
-    refs = boundary[1]
-    have = resources.get(ex, set())
-    wanted = refs.get("resources") or {}
-    if isinstance(wanted, dict):
-        for session, revision in sorted(wanted.items()):
-            if (session, revision) not in have:
-                return (
-                    "fresh_dispatch",
-                    f"resources session {session!r} revision {revision} missing or different",
-                )
-    calls = lineage.get(ex, {})
-    model_call = refs.get("model_call")
-    if model_call is not None and model_call not in calls:
-        return "fresh_dispatch", f"model call {model_call!r} missing from lineage"
-    held = receipts.get(ex, {})
-    for call_id, call_refs in sorted(calls.items()):
-        parent = call_refs.get("parent")
-        if parent is not None and parent not in calls:
-            return "fresh_dispatch", f"lineage of call {call_id!r} misses its parent {parent!r}"
-        token_key = call_refs.get("token_key")
-        if token_key is not None and token_key not in held:
-            return "fresh_dispatch", f"no token receipt for call {call_id!r}"
-    return "continue", "agent boundary, resources, lineage and token receipts agree"
-
-
-def verify_checkpoint(
-    url_or_store: str | ObjectStore,
-    checkpoint_id: str | None = None,
-    *,
-    token_snapshot_loader: TokenSnapshotLoader | None = None,
-    **storage_options: Any,
-) -> VerifyReport:
-    """:func:`load_checkpoint` plus a full digest check of every shard and index.
-
-    Raises :class:`CheckpointRejectedError` when any byte disagrees with its manifest.
-    """
-    plan = load_checkpoint(
-        url_or_store, checkpoint_id, token_snapshot_loader=token_snapshot_loader, **storage_options
-    )
+def _verify_plan(plan: RecoveryPlan, token_snapshot_loader: TokenSnapshotLoader | None) -> VerifyReport:
+    """Stream every shard and index of every component (length + sha256) and, for the reference
+    token store, every token row the snapshot lists; reject on the first mismatch."""
     objects = 2
     total = plan.record_ref.bytes + plan.record.aggregate.bytes
     for (kind, instance), reader in plan.readers.items():
         try:
             reader.verify()
         except CheckpointError as exc:
-            raise _reject(
+            if _store_failure(exc):
+                raise
+            raise reject(
                 plan.checkpoint_id,
                 f"component {kind}/{instance} failed verification: {exc.message}",
                 code=exc.code,
@@ -664,7 +492,31 @@ def verify_checkpoint(
                 verify_snapshot_data(plan.store, parsed)
                 objects += 1
             except CheckpointError as exc:
-                raise _reject(
+                if _store_failure(exc):
+                    raise
+                raise reject(
                     plan.checkpoint_id, f"token-store data failed verification: {exc.message}", code=exc.code
                 ) from exc
     return VerifyReport(plan.checkpoint_id, len(plan.readers), objects, total, plan.counts())
+
+
+def verify_checkpoint(
+    url_or_store: str | ObjectStore,
+    checkpoint_id: str | None = None,
+    *,
+    token_snapshot_loader: TokenSnapshotLoader | None = None,
+    **storage_options: Any,
+) -> VerifyReport:
+    """:func:`load_checkpoint` with ``verify=True``: a full digest check of every object.
+
+    Raises :class:`CheckpointRejectedError` when any byte disagrees with its manifest.
+    """
+    plan = load_checkpoint(
+        url_or_store,
+        checkpoint_id,
+        verify=True,
+        token_snapshot_loader=token_snapshot_loader,
+        **storage_options,
+    )
+    assert plan.verified is not None
+    return plan.verified

@@ -31,9 +31,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from . import layout
+from ._validation import TypedModel
 from .errors import IntegrityError, InvalidRecordError, ObjectExistsError, ObjectNotFoundError
 from .ids import ExecutionId, Identifier, validate_id, validate_key
 from .records import ModelCallLineageRecord
@@ -62,7 +63,7 @@ TOKEN_ENTRY_SCHEMA_VERSION = 1
 TOKEN_SNAPSHOT_FORMAT = "rollout-checkpoint/token-snapshot/1"
 
 
-class _Model(BaseModel):
+class _Model(TypedModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -361,6 +362,18 @@ class ObjectStoreTokenStore:
             raise ObjectNotFoundError(f"{self.name}: no token entry {key!r}", key=key)
         return read_entry(self.store, located, key)
 
+    def forget(self, rollout_ids: Sequence[str]) -> int:
+        """Leave these rollouts' calls out of later snapshots (the framework is done with them),
+        so retention can delete their shards once no kept checkpoint lists them. Returns how
+        many keys were dropped. A store that re-reads every shard (a new process) lists them
+        again until gc has removed their shards."""
+        prefixes = tuple(f"{validate_id(r, 'rollout_id')}/" for r in rollout_ids)
+        with self._lock:
+            dropped = [k for k in self._index if k.startswith(prefixes)]
+            for key in dropped:
+                del self._index[key]
+        return len(dropped)
+
     def snapshot(self, checkpoint_id: str) -> TokenSnapshotReceipt:
         """Write ``snapshots/<checkpoint_id>.json`` (create-only) listing every key with its
         digest and length. The first snapshot under an id wins: a retry returns its receipt."""
@@ -479,8 +492,8 @@ def _entry_from_table(table: pa.Table, located: TokenSnapshotEntry, key: str) ->
             generation_log_probs=row["generation_log_probs"],
             mask=row["mask"],
         )
-    except ValidationError as exc:
-        raise InvalidRecordError(f"token entry {key}: {exc}", key=key) from None
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(f"token entry {key}: {exc.message}", key=key) from None
     receipt = entry.receipt()
     if (receipt.digest, receipt.length) != (located.digest, located.length):
         raise IntegrityError(

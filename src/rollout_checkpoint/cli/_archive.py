@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -20,7 +21,7 @@ from ..archive import ArchiveReader, component_prefixes
 from ..errors import CheckpointError
 from ..layout import MANIFEST_NAME
 from ..store import ObjectInfo, ObjectStore
-from ._common import EndpointOpt, JsonOpt, UrlArg, open_cli_store
+from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
 from ._common import console as _console
 from ._common import fail as _fail
 
@@ -174,33 +175,44 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _render_inspect(report: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold]{report['url']}[/]: {report['objects']} objects, {_fmt_bytes(report['bytes'])}")
-    if report["components"]:
-        table = Table(title="Component archives", title_justify="left")
-        for col in ("prefix", "checkpoint", "kind/instance", "shards", "records", "size", "record counts"):
-            table.add_column(col, overflow="fold")
-        for c in report["components"]:
+    console.print(
+        styled((report["url"], "bold"), f": {report['objects']} objects, {_fmt_bytes(report['bytes'])}")
+    )
+    # One table per folder of archives (``checkpoints/<id>/components``), naming each archive by
+    # its last two path segments, so no column holds a long key and the table fits the terminal.
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in report["components"]:
+        head, _, tail = c["prefix"].rpartition("/")
+        head, _, kind = head.rpartition("/")
+        groups.setdefault(head, []).append({**c, "_name": f"{kind}/{tail}".strip("/") or "(root)"})
+    for head, members in groups.items():
+        table = Table(
+            title=f"Component archives under {head or '(root)'}/", title_justify="left", box=box.SIMPLE_HEAD
+        )
+        table.add_column("archive", overflow="fold")
+        for col in ("shards", "records", "size"):
+            table.add_column(col, justify="right", no_wrap=True)
+        table.add_column("record counts", overflow="fold", ratio=1)
+        for c in members:
             if c.get("error"):
-                table.add_row(c["prefix"], "-", "-", "-", "-", "-", f"[red]{c['error']['message']}[/]")
+                table.add_row(c["_name"], "-", "-", "-", styled((c["error"]["message"], "red")))
                 continue
             counts = ", ".join(f"{k}={v}" for k, v in c["record_counts"].items()) or "-"
-            notes = []
+            notes: list[str | tuple[str, str]] = [counts]
             if c["missing"]:
-                notes.append(f"[red]{len(c['missing'])} missing[/]")
+                notes.append((f"; {len(c['missing'])} missing", "red"))
             if c["unreferenced"]:
-                notes.append(f"[yellow]{len(c['unreferenced'])} unreferenced[/]")
+                notes.append((f"; {len(c['unreferenced'])} unreferenced", "yellow"))
             table.add_row(
-                c["prefix"] or "(root)",
-                c["checkpoint_id"],
-                f"{c['participant_kind']}/{c['instance']}",
+                c["_name"],
                 str(len(c["shards"])),
                 str(c["records"]),
                 _fmt_bytes(c["shard_bytes"] + c["index"]["bytes"] + c["manifest_bytes"]),
-                counts + (" " + " ".join(notes) if notes else ""),
+                styled(*notes),
             )
         console.print(table)
     if report["other_objects"]:
-        table = Table(title="Other objects", title_justify="left")
+        table = Table(title="Other objects", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("key", overflow="fold")
         table.add_column("size", justify="right")
         for o in report["other_objects"]:
@@ -237,14 +249,14 @@ def verify_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonO
         err = _console(stderr=True)
         for f in findings:
             if f.ok:
-                console.print(f"[green]ok[/]     {f.subject}: {f.message}")
+                console.print(styled(("ok", "green"), f"     {f.subject}: {f.message}"))
             else:
                 text = f.message if f.message.startswith(f.subject) else f"{f.subject}: {f.message}"
-                err.print(f"[red]FAILED[/] {text}")
+                err.print(styled(("FAILED", "red"), f" {text}"))
         if not findings:
-            err.print(f"[red]FAILED[/] nothing to verify under {url}: no manifest found")
+            err.print(styled(("FAILED", "red"), f" nothing to verify under {url}: no manifest found"))
         elif bad:
-            err.print(f"[red]{len(bad)} problem(s)[/]")
+            err.print(styled((f"{len(bad)} problem(s)", "red")))
         else:
             console.print(f"all {len(findings)} checked intact")
     if not ok:
@@ -253,5 +265,5 @@ def verify_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonO
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``."""
-    app.command("inspect")(inspect_command)
-    app.command("verify")(verify_command)
+    app.command("inspect", cls=Command)(inspect_command)
+    app.command("verify", cls=Command)(verify_command)

@@ -11,15 +11,18 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import CheckpointError
-from ..manifests import list_published
+from .. import layout
+from ..errors import CheckpointError, IntegrityError, ObjectNotFoundError
+from ..manifests import read_latest
+from ..published import iter_candidates, list_published, pointer_note, read_pointer_hint
 from ..recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
 from ..store import ObjectInfo, ObjectStore
 from ._archive import Finding, register_verifier
-from ._common import EndpointOpt, JsonOpt, UrlArg, open_cli_store
+from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
 from ._common import console as _console
 from ._common import fail as _fail
 
@@ -28,6 +31,7 @@ __all__ = [
     "list_command",
     "register",
     "render_plan",
+    "verify_latest_pointer",
     "verify_published_checkpoints",
 ]
 
@@ -46,7 +50,9 @@ def _open(url: str, endpoint_url: str | None) -> ObjectStore:
 def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:
     """List published checkpoints under URL, newest first (the latest pointer's target marked)."""
     try:
-        listed = list_published(_open(url, endpoint_url))
+        store = _open(url, endpoint_url)
+        listed = list_published(store)
+        note = pointer_note(read_pointer_hint(store), next(iter_candidates(store), None)) if listed else None
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     rows: list[dict[str, Any]] = []
@@ -65,24 +71,32 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
             }
         )
     if as_json:
-        print(json.dumps({"ok": True, "url": url, "checkpoints": rows}))
+        print(json.dumps({"ok": True, "url": url, "checkpoints": rows, "note": note}))
         return
     console = _console()
     if not rows:
         console.print(f"no published checkpoint under {url}")
         return
-    table = Table("", "checkpoint", "seq", "created (UTC)", "components", "registry states")
+    # ids and times never wrap; the registry states fold into what is left of the terminal
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, caption="* = named by latest.json")
+    table.add_column("", no_wrap=True)
+    table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("checkpoint", no_wrap=True)
+    table.add_column("created (UTC)", no_wrap=True)
+    table.add_column("states", overflow="fold", ratio=1)
     for row in rows:
         states = ", ".join(f"{k}={v}" for k, v in (row["counts"] or {}).items())
+        created = row["created_at"][:19].replace("T", " ") if row["created_at"] else None
         table.add_row(
-            "latest" if row["latest"] else "",
-            row["checkpoint_id"],
+            "*" if row["latest"] else "",
             str(row["sequence"] or "?"),
-            row["created_at"] or f"[red]{row['error']}[/]",
-            str(row["components"] or "?"),
-            states,
+            row["checkpoint_id"],
+            created or styled(("unreadable", "red")),
+            states or styled((str(row["error"] or "-"), "red")),
         )
     console.print(table)
+    if note is not None:
+        console.print(styled(("note", "yellow"), f" {note}"))
 
 
 # -- classify --------------------------------------------------------------------------------------
@@ -90,10 +104,24 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
 
 def render_plan(plan: RecoveryPlan, console: Console, limit: int) -> None:
     counts = plan.counts()
+    for skipped in plan.skipped:
+        console.print(
+            styled(("skipped", "yellow"), f" {skipped.checkpoint_id} ({skipped.code}): {skipped.reason}")
+        )
+    for note in plan.notes:
+        console.print(styled(("note", "yellow"), f" {note}"))
+    checked = (
+        f"verified {plan.verified.objects} objects ({plan.verified.bytes_verified} bytes)"
+        if plan.verified is not None
+        else "no shard payload"
+    )
     console.print(
-        f"checkpoint [bold]{plan.checkpoint_id}[/] (sequence {plan.record.sequence}): "
-        f"{len(plan.rollouts)} dispatched executions; read {plan.bytes_read} bytes "
-        f"({plan.keys_read} objects) in {plan.seconds:.3f}s, no shard payload"
+        styled(
+            "checkpoint ",
+            (plan.checkpoint_id, "bold"),
+            f" (sequence {plan.record.sequence}): {len(plan.rollouts)} dispatched executions; "
+            f"read {plan.bytes_read} bytes ({plan.keys_read} objects) in {plan.seconds:.3f}s, {checked}",
+        )
     )
     summary = Table("disposition", "rollouts")
     for name, n in counts.items():
@@ -112,22 +140,40 @@ def render_plan(plan: RecoveryPlan, console: Console, limit: int) -> None:
 def classify_command(
     url: UrlArg,
     checkpoint: CheckpointOpt = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Also check the length and sha256 of every object the plan depends on (shards, "
+            "indexes, token data); exit 1 naming anything missing or altered.",
+        ),
+    ] = False,
+    fallback: Annotated[
+        bool,
+        typer.Option(
+            "--fallback",
+            help="When the checkpoint is rejected as damaged, use the newest older one that loads "
+            "(with --verify: that verifies) and say which were skipped and why.",
+        ),
+    ] = False,
     endpoint_url: EndpointOpt = None,
     as_json: JsonOpt = False,
-    limit: Annotated[int, typer.Option("--limit", help="Rows of the per-rollout table.")] = 50,
+    limit: Annotated[
+        int, typer.Option("--limit", help="Rows of the per-rollout table (-1: all of them).")
+    ] = 50,
 ) -> None:
     """Classify every dispatched rollout of a published checkpoint: completed / continue / fresh_dispatch.
 
-    Exit 1 with the reason when the checkpoint is rejected (or none is published).
+    Exit 1 with the reason when the checkpoint is rejected, fails --verify, or none is published.
     """
     try:
-        plan = load_checkpoint(_open(url, endpoint_url), checkpoint)
+        plan = load_checkpoint(_open(url, endpoint_url), checkpoint, verify=verify, fallback=fallback)
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     if as_json:
         print(json.dumps({"ok": True, **plan.to_json()}))
     else:
-        render_plan(plan, _console(), limit)
+        render_plan(plan, _console(), len(plan.rollouts) if limit < 0 else limit)
 
 
 # -- verify: published checkpoints -------------------------------------------------------------------
@@ -156,8 +202,53 @@ def verify_published_checkpoints(store: ObjectStore, listing: Sequence[ObjectInf
             )
 
 
+def verify_latest_pointer(store: ObjectStore, listing: Sequence[ObjectInfo]) -> Iterator[Finding]:
+    """``latest.json``: it parses, names a published checkpoint, and pins exactly that record's
+    bytes. A stale pointer (an older checkpoint than the newest published) is reported but not
+    a failure: readers order by the sequence claims, the pointer is only a hint."""
+    keys = {info.key for info in listing}
+    if layout.LATEST_KEY not in keys:
+        return
+    subject = layout.LATEST_KEY
+    try:
+        found = read_latest(store)
+    except CheckpointError as exc:
+        if exc.code not in ("invalid_record", "unsupported_schema"):
+            raise
+        yield Finding(subject, False, exc.message, exc.code, dict(exc.details))
+        return
+    if found is None:
+        return
+    pointer = found[0]
+    try:
+        data = store.get(pointer.record.key)
+    except ObjectNotFoundError:
+        yield Finding(
+            subject, False, f"names {pointer.checkpoint_id}, which is not published", "integrity_error"
+        )
+        return
+    try:
+        if pointer.record.key != layout.published_key(pointer.checkpoint_id):
+            raise IntegrityError(f"names {pointer.checkpoint_id} but points at {pointer.record.key}")
+        pointer.record.check(data)
+    except CheckpointError as exc:
+        yield Finding(subject, False, f"does not match the record it names: {exc.message}", exc.code)
+        return
+    newest = next(iter_candidates(store), None)
+    if newest is not None and newest.checkpoint_id != pointer.checkpoint_id:
+        yield Finding(
+            subject,
+            True,
+            f"a stale hint: names {pointer.checkpoint_id} (sequence {pointer.sequence}); the newest "
+            f"published is {newest.checkpoint_id} (sequence {newest.sequence}), which readers use",
+        )
+        return
+    yield Finding(subject, True, f"names {pointer.checkpoint_id} (sequence {pointer.sequence}), intact")
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app`` and the published-checkpoint verifier to ``verify``."""
     register_verifier(verify_published_checkpoints)
-    app.command("list")(list_command)
-    app.command("classify")(classify_command)
+    register_verifier(verify_latest_pointer)
+    app.command("list", cls=Command)(list_command)
+    app.command("classify", cls=Command)(classify_command)

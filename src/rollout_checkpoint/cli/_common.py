@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
+from typer.core import TyperCommand
 
 from ..errors import CheckpointError, StoreError
 from ..store import ObjectStore, open_store
 
-__all__ = ["EndpointOpt", "JsonOpt", "UrlArg", "console", "fail", "open_cli_store"]
+__all__ = [
+    "AcceptUnsafeOpt",
+    "Command",
+    "EndpointOpt",
+    "JsonOpt",
+    "UrlArg",
+    "console",
+    "fail",
+    "open_cli_store",
+    "styled",
+]
 
-UrlArg = Annotated[str, typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.")]
+UrlArg = Annotated[
+    str,
+    typer.Argument(help="Store URL: a path, file://, memory:// or s3://bucket/prefix.", metavar="URL"),
+]
 EndpointOpt = Annotated[
     str | None,
     typer.Option(
@@ -23,12 +37,38 @@ EndpointOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+AcceptUnsafeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-unsafe-store",
+        help="Write even where the store cannot prove atomic create-only / compare-and-swap puts "
+        "(an S3 endpoint that ignores If-None-Match / If-Match, a generic fsspec backend): "
+        "a racing writer could then overwrite what this command writes.",
+    ),
+]
+
+
+class Command(TyperCommand):
+    """A command whose usage line names required arguments plainly (``URL``, not ``{URL}``)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [
+            piece[1:-1] if piece.startswith("{") and piece.endswith("}") else piece
+            for piece in super().collect_usage_pieces(ctx)
+        ]
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console; when output is not a terminal, don't fold long object keys at 80 columns."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else 200)
+    """A rich console that prints every string literally (no markup, emoji codes or
+    highlighting: paths, bucket names and error details may contain ``[...]``); styling is
+    applied only through :func:`styled`. Tables fit the terminal (``COLUMNS`` when output is
+    not a terminal, else 80); plain lines are never folded, so object keys stay whole."""
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Literal text with styled pieces: ``styled(("error", "red"), f" {message}")``."""
+    return Text.assemble(*parts)
 
 
 def fail(exc: CheckpointError, as_json: bool) -> typer.Exit:
@@ -36,11 +76,13 @@ def fail(exc: CheckpointError, as_json: bool) -> typer.Exit:
     if as_json:
         print(json.dumps({"ok": False, "error": exc.to_dict()}))
     else:
-        console(stderr=True).print(f"[red]error[/] ({exc.code}): {exc.message}")
+        console(stderr=True).print(styled(("error", "red"), f" ({exc.code}): {exc.message}"))
     return typer.Exit(1)
 
 
-def open_cli_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
+def open_cli_store(
+    url: str, endpoint_url: str | None = None, *, accept_unsafe_store: bool = False
+) -> ObjectStore:
     """Open ``url`` for a CLI command: ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) applies to S3 only."""
     protocol, sep, rest = url.partition("://")
     if not sep or protocol.lower() in ("file", "local"):
@@ -49,6 +91,7 @@ def open_cli_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
         if not os.path.isdir(path):
             raise StoreError(f"{url}: no such directory", url=url)
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    options: dict[str, object] = {"accept_unsafe_store": accept_unsafe_store} if accept_unsafe_store else {}
     if url.lower().startswith(("s3://", "s3a://")) and endpoint:
-        return open_store(url, endpoint_url=endpoint)
-    return open_store(url)
+        options["endpoint_url"] = endpoint
+    return open_store(url, **options)

@@ -19,7 +19,7 @@ from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore, open_store
 from ..tokens import ObjectStoreTokenStore, TokenEntry, TokenPutReceipt
 from ._checkpoints import render_plan
-from ._common import EndpointOpt, JsonOpt
+from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt
 from ._common import console as _console
 from ._common import fail as _fail
 
@@ -153,44 +153,43 @@ class DemoDeployment:
 
 def demo_command(
     directory: Annotated[
-        str, typer.Argument(help="Store URL or directory for the demo checkpoints.")
+        str, typer.Argument(help="Store URL or directory for the demo checkpoints.", metavar="DIRECTORY")
     ] = DEFAULT_DEMO_DIR,
     rollouts: Annotated[int, typer.Option("--rollouts", min=1, help="Live rollouts to create.")] = 20,
     endpoint_url: EndpointOpt = None,
+    accept_unsafe_store: AcceptUnsafeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """The main job end to end: live rollouts -> checkpoint -> crash -> classify -> restore."""
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"accept_unsafe_store": True} if accept_unsafe_store else {}
     if directory.lower().startswith(("s3://", "s3a://")) and endpoint:
         options["endpoint_url"] = endpoint
     console = _console(stderr=as_json)
     try:
         store = open_store(directory, **options)
-        live = DemoDeployment(store)
+        live = DemoDeployment(store, accept_unsafe_store=accept_unsafe_store)
         made = live.populate(rollouts)
-        console.print(
-            f"[bold]1.[/] {rollouts} live rollouts across agent, policy model and resources: {made}"
-        )
+        console.print(f"1. {rollouts} live rollouts across agent, policy model and resources: {made}")
         outcome = live.checkpoint()
         console.print(
-            f"[bold]2.[/] published {outcome.checkpoint_id} to {store.url} "
+            f"2. published {outcome.checkpoint_id} to {store.url} "
             f"(paused {outcome.pause_seconds * 1000:.1f} ms)"
         )
         live.close()
         del live  # 3. the crash: every in-memory participant and the registry are gone
-        console.print("[bold]3.[/] crash: in-memory participants dropped")
+        console.print("3. crash: in-memory participants dropped")
         plan = load_checkpoint(store, outcome.checkpoint_id)
-        console.print("[bold]4.[/] recovery plan:")
+        console.print("4. recovery plan:")
         if not as_json:
             render_plan(plan, console, limit=10)
-        fresh = DemoDeployment(store)
+        fresh = DemoDeployment(store, accept_unsafe_store=accept_unsafe_store)
         restored = fresh.restore(outcome.checkpoint_id)
         fresh.coordinator.resume(restored.restore_id)
         continued = [p.execution.next_attempt() for p in plan.continued]
         picked_up = sum(1 for e in continued if fresh.agent.begin(e) is not None)
         console.print(
-            f"[bold]5.[/] restored into fresh participants as {restored.restore_id}: "
+            f"5. restored into fresh participants as {restored.restore_id}: "
             f"{picked_up} rollouts continue from their boundary at attempt N+1, "
             f"{len(plan.fresh)} re-dispatched from their input, {len(plan.completed)} results kept"
         )
@@ -215,4 +214,4 @@ def demo_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``demo`` to ``app``."""
-    app.command("demo")(demo_command)
+    app.command("demo", cls=Command)(demo_command)

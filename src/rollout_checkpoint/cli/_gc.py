@@ -9,7 +9,7 @@ import typer
 
 from ..errors import CheckpointError
 from ..retention import DEFAULT_MIN_AGE_S, collect_garbage
-from ._common import EndpointOpt, JsonOpt, UrlArg, open_cli_store
+from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store
 from ._common import console as _console
 from ._common import fail as _fail
 
@@ -35,6 +35,7 @@ def gc_command(
         bool, typer.Option("--dry-run", help="Say what would be deleted; change nothing.")
     ] = False,
     endpoint_url: EndpointOpt = None,
+    accept_unsafe_store: AcceptUnsafeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Keep the newest K published checkpoints; unpublish, then delete, the rest and old leftovers.
@@ -44,7 +45,10 @@ def gc_command(
     """
     try:
         report = collect_garbage(
-            open_cli_store(url, endpoint_url), keep=keep, min_age_s=min_age, dry_run=dry_run
+            open_cli_store(url, endpoint_url, accept_unsafe_store=accept_unsafe_store),
+            keep=keep,
+            min_age_s=min_age,
+            dry_run=dry_run,
         )
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
@@ -56,12 +60,17 @@ def gc_command(
     console.print(f"kept: {', '.join(report.kept) or '-'}")
     console.print(f"unpublished: {', '.join(report.unpublished) or '-'}")
     console.print(
-        f"{verb} {len(report.deleted_prefixes)} checkpoint prefix(es), {report.deleted_objects} object(s)"
+        f"{verb} {len(report.deleted_prefixes)} checkpoint prefix(es), "
+        f"{len(report.deleted_token_snapshots)} token snapshot(s), "
+        f"{len(report.deleted_token_shards)} token shard(s), {len(report.deleted_claims)} sequence "
+        f"claim(s): {report.deleted_objects} object(s) in all"
     )
     for cid, age in sorted(report.leftovers_waiting.items()):
         console.print(f"leftover {cid}: seen {age:.0f} s ago, deleted after {min_age:.0f} s")
+    for shard, age in sorted(report.token_shards_waiting.items()):
+        console.print(f"unlisted token shard {shard}: seen {age:.0f} s ago")
 
 
 def register(app: typer.Typer) -> None:
     """Add ``gc`` to ``app``."""
-    app.command("gc")(gc_command)
+    app.command("gc", cls=Command)(gc_command)

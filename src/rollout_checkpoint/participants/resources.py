@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from ..control import CheckpointMode, WorkerTopology
 from ..control_plane import (
@@ -16,7 +16,7 @@ from ..control_plane import (
     execution_key,
     wrong_kind,
 )
-from ..errors import IdentityConflictError, InvalidRecordError, UnknownExecutionError
+from ..errors import IdentityConflictError, InvalidRecordError, InvalidValueError, UnknownExecutionError
 from ..ids import ExecutionId, validate_id
 from ..records import Record, ResourceSnapshotRecord
 from .codecs import JsonCodec, StateCodec
@@ -56,6 +56,12 @@ class ResourcesParticipant(Participant):
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if mode not in get_args(CheckpointMode):
+            raise InvalidValueError(
+                f"ResourcesParticipant mode must be one of {list(get_args(CheckpointMode))}, got {mode!r}",
+                field="mode",
+                value=repr(mode),
+            )
         super().__init__(
             kind=kind,
             instance=instance,

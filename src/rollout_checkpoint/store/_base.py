@@ -151,6 +151,15 @@ class ObjectStore(abc.ABC):
             return False
         return True
 
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Remove folders under ``prefix`` (and ``prefix`` itself) that hold no object any more.
+
+        Object stores have no folders, so this default does nothing; local disk removes the
+        empty directories deleting objects left behind. Call it only for a prefix no one writes
+        to any more (a deleted checkpoint's), never for a shared one.
+        """
+        self._check_prefix(prefix)
+
     def iter_keys(self, prefix: str = "") -> Iterator[str]:
         for info in self.list(prefix):
             yield info.key

@@ -59,6 +59,9 @@ class DelegatingStore(ObjectStore):
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         return self.inner.put_if_match(key, data, version)
 
+    def remove_empty_folders(self, prefix: str) -> None:
+        self.inner.remove_empty_folders(prefix)
+
     def require_atomic_commits(self, *, accept_risk: bool = False) -> None:
         self.inner.require_atomic_commits(accept_risk=accept_risk)
 

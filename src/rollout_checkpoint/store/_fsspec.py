@@ -14,6 +14,7 @@ import fsspec
 
 from ..errors import ObjectNotFoundError, StoreError
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
+from ._errors import mapped_errors
 
 __all__ = ["FsspecStore", "MemoryStore"]
 
@@ -57,6 +58,7 @@ class FsspecStore(ObjectStore):
         return ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key)
 
     # -- plain ------------------------------------------------------------------------------
+    @mapped_errors
     def put(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
         try:
@@ -67,12 +69,14 @@ class FsspecStore(ObjectStore):
             self.fs.pipe_file(path, data)
         return self.stat(key)
 
+    @mapped_errors
     def get(self, key: str) -> bytes:
         try:
             return cast(bytes, self.fs.cat_file(self._path(key)))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
 
+    @mapped_errors
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:
             raise StoreError(f"invalid byte range [{start}, {end})", key=key)
@@ -84,6 +88,7 @@ class FsspecStore(ObjectStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
 
+    @mapped_errors
     def open_read(self, key: str) -> BinaryIO:
         try:
             return cast(BinaryIO, self.fs.open(self._path(key), "rb"))
@@ -95,6 +100,7 @@ class FsspecStore(ObjectStore):
             return self.fs.open(path, "wb")
         return self.fs.open(path, "wb", block_size=self.write_block_size)
 
+    @mapped_errors
     def open_write(self, key: str) -> AbstractContextManager[BinaryIO]:
         """The filesystem's buffered writer (on S3 a multipart upload once the data outgrows
         :attr:`write_block_size`). A clean exit closes it, which finishes the upload; an exception
@@ -119,6 +125,7 @@ class FsspecStore(ObjectStore):
             raise
         fh.close()
 
+    @mapped_errors
     def stat(self, key: str) -> ObjectInfo:
         try:
             info = self.fs.info(self._path(key))
@@ -131,13 +138,14 @@ class FsspecStore(ObjectStore):
             version = self._version_of(info, self.get(key))
         return ObjectInfo(key=key, size=int(info["size"]), version=version)
 
+    @mapped_errors
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         self._check_prefix(prefix)
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = f"{self.root}/{folder}" if folder else self.root
         self.fs.invalidate_cache()
         try:
-            found = self.fs.find(base, detail=True)
+            found = self.fs.find(base, detail=True, on_error="raise")
         except FileNotFoundError:
             return []
         out = []
@@ -150,16 +158,19 @@ class FsspecStore(ObjectStore):
         out.sort(key=lambda i: i.key)
         return out
 
+    @mapped_errors
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(key))
 
     # -- conditional (emulated) ---------------------------------------------------------------
+    @mapped_errors
     def put_if_absent(self, key: str, data: bytes) -> PutResult:
         if self.exists(key):
             return self._resolve_existing(key, data)
         return PutResult(info=self.put(key, data), created=True)
 
+    @mapped_errors
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         current = self.stat(key)
         if current.version != version:
@@ -195,7 +206,7 @@ class MemoryStore(FsspecStore):
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = f"{self.root}/{folder}" if folder else (self.root or "/")
         try:
-            found = self.fs.find(base, detail=True)
+            found = self.fs.find(base, detail=True, on_error="raise")
         except FileNotFoundError:
             return []
         out = []

@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 from ..errors import InvalidIdentifierError, ObjectNotFoundError, StoreError
 from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
+from ._errors import mapped_errors
 
 __all__ = ["LocalStore"]
 
@@ -117,6 +118,7 @@ class LocalStore(ObjectStore):
         return tmp
 
     # -- plain ------------------------------------------------------------------------------
+    @mapped_errors
     def put(self, key: str, data: bytes) -> ObjectInfo:
         path = self._path(key)
         self._mkdir_parent(key, path)
@@ -131,6 +133,7 @@ class LocalStore(ObjectStore):
             _fsync_dir(path.parent)
         return self.stat(key)
 
+    @mapped_errors
     @contextlib.contextmanager
     def open_write(self, key: str) -> Iterator[BinaryIO]:
         """Stream into a temp file (``.rc-tmp-*``); on a clean exit fsync it and ``rename`` it into
@@ -157,6 +160,7 @@ class LocalStore(ObjectStore):
         if self.fsync:
             _fsync_dir(path.parent)
 
+    @mapped_errors
     def get(self, key: str) -> bytes:
         path = self._path(key)
         try:
@@ -164,6 +168,7 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
 
+    @mapped_errors
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if start < 0 or end < start:
             raise StoreError(f"invalid byte range [{start}, {end})", key=key)
@@ -174,12 +179,14 @@ class LocalStore(ObjectStore):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
 
+    @mapped_errors
     def open_read(self, key: str) -> BinaryIO:
         try:
             return open(self._path(key), "rb")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.url}/{key} does not exist", key=key) from None
 
+    @mapped_errors
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
         try:
@@ -190,6 +197,7 @@ class LocalStore(ObjectStore):
             raise ObjectNotFoundError(f"{self.url}/{key} is not an object", key=key)
         return ObjectInfo(key=key, size=st.st_size, version=_version(st))
 
+    @mapped_errors
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         self._check_prefix(prefix)
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
@@ -216,6 +224,7 @@ class LocalStore(ObjectStore):
                     continue
                 yield Path(dirpath) / name
 
+    @mapped_errors
     def delete(self, key: str) -> None:
         path = self._path(key)
         if path.is_dir():
@@ -227,7 +236,26 @@ class LocalStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             lock.unlink()
 
+    @mapped_errors
+    def remove_empty_folders(self, prefix: str) -> None:
+        """Remove the empty directories under ``prefix`` bottom-up, ``prefix`` included (its
+        parents are shared with other writers and stay). Lock files of deleted objects do not
+        count as content."""
+        self._check_prefix(prefix)
+        base = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        if not base.is_dir():
+            return
+        for dirpath, _dirs, files in os.walk(base, topdown=False):
+            folder = Path(dirpath)
+            for name in files:
+                if name.startswith(_LOCK_MARK) and not (folder / name[len(_LOCK_MARK) :]).exists():
+                    with contextlib.suppress(FileNotFoundError):
+                        (folder / name).unlink()
+            with contextlib.suppress(OSError):  # not empty (a writer is here): leave it
+                folder.rmdir()
+
     # -- conditional ---------------------------------------------------------------------------
+    @mapped_errors
     def put_if_absent(self, key: str, data: bytes) -> PutResult:
         path = self._path(key)
         self._mkdir_parent(key, path)
@@ -245,6 +273,7 @@ class LocalStore(ObjectStore):
             _fsync_dir(path.parent)
         return PutResult(info=self.stat(key), created=True)
 
+    @mapped_errors
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         path = self._path(key)
         if not path.parent.is_dir():

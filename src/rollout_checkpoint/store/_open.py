@@ -20,6 +20,8 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
 
     ``storage_options`` go to the backend (for S3: ``endpoint_url``, ``key``, ``secret``,
     ``client_kwargs``...; otherwise the standard ``AWS_*`` environment variables apply).
+    ``accept_unsafe_store=True`` lets conditional puts go to an S3 endpoint without (or despite)
+    the probe; the other backends take it and ignore it (publication asks them separately).
     """
     if isinstance(url, ObjectStore):
         return url
@@ -31,8 +33,8 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
         from ._s3 import S3Store
 
         return S3Store.from_url(url, **storage_options)
-    # retries apply to remote requests (S3); the other backends take the option and ignore it
-    options = {k: v for k, v in storage_options.items() if k != "retry"}
+    # retries and the probe apply to S3; the other backends take these options and ignore them
+    options = {k: v for k, v in storage_options.items() if k not in ("retry", "accept_unsafe_store")}
     if not sep or protocol in ("file", "local"):
         path = rest if sep else url
         if not path:

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from ..errors import StoreError, TransientStoreError
+from ..errors import StoreError, StoreUnreachableError, TransientStoreError
+from ._errors import is_connection_error
 
 __all__ = ["ENV_ATTEMPTS", "ENV_MAX_WAIT", "RetryPolicy", "call_with_retry", "is_transient"]
 
@@ -169,7 +170,8 @@ def call_with_retry(
     except Exception as exc:
         if isinstance(exc, TransientStoreError) or not is_transient(exc):
             raise
-        raise TransientStoreError(
+        error = StoreUnreachableError if is_connection_error(exc) else TransientStoreError
+        raise error(
             f"{what} still failing after {policy.attempts} attempts: {type(exc).__name__}: {exc}",
             operation=what,
             attempts=policy.attempts,

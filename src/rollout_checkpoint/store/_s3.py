@@ -11,7 +11,8 @@ s3fs holds, never through s3fs's file or ``pipe_file`` paths, because those path
 Calling the client directly also means an unknown parameter fails loudly instead of vanishing,
 and every error arrives as the raw ``ClientError`` so 412 / 404 / 409 can be told apart.
 Whether the endpoint really enforces the preconditions is shown by a probe
-(:meth:`S3Store.require_atomic_commits`) before anything is published.
+(:meth:`S3Store.require_atomic_commits`), which runs before the first conditional put to each
+endpoint + bucket, whoever makes it (coordinator, archive writer, token store, gc).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ class S3Store(FsspecStore):
         prefix: str = "",
         *,
         retry: RetryPolicy | None = None,
+        accept_unsafe_store: bool = False,
     ) -> None:
         if not bucket or "/" in bucket:
             raise StoreError(f"invalid S3 bucket name {bucket!r}", bucket=bucket)
@@ -136,9 +138,19 @@ class S3Store(FsspecStore):
         self.prefix = prefix
         self.retry = retry if retry is not None else RetryPolicy.from_env()
         self._endpoint: str | None = None
+        self.accept_unsafe_store = accept_unsafe_store
+        """``True``: conditional puts go out without the endpoint probe (the caller accepted that
+        an endpoint ignoring preconditions lets a racing writer overwrite them)."""
 
     @classmethod
-    def from_url(cls, url: str, *, retry: RetryPolicy | None = None, **storage_options: Any) -> S3Store:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        retry: RetryPolicy | None = None,
+        accept_unsafe_store: bool = False,
+        **storage_options: Any,
+    ) -> S3Store:
         """Open ``s3://bucket/prefix``; ``storage_options`` go to :class:`s3fs.S3FileSystem`
         (``endpoint_url``, ``key``, ``secret``, ``token``, ``client_kwargs``, ``config_kwargs``...),
         otherwise the standard ``AWS_*`` variables (incl. ``AWS_ENDPOINT_URL``) apply.
@@ -157,7 +169,7 @@ class S3Store(FsspecStore):
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         options["config_kwargs"] = config
         fs = s3fs.S3FileSystem(**options)
-        return cls(fs, bucket, prefix, retry=retry)
+        return cls(fs, bucket, prefix, retry=retry, accept_unsafe_store=accept_unsafe_store)
 
     # -- low level -------------------------------------------------------------------------
     def _s3key(self, key: str) -> str:
@@ -308,9 +320,16 @@ class S3Store(FsspecStore):
             self._request("delete", key, "delete_object", Bucket=self.bucket, Key=self._s3key(key))
 
     # -- conditional ------------------------------------------------------------------------------
+    def _guard_conditional(self) -> None:
+        """Before every conditional put, whoever makes it (coordinator, archive writer, token
+        store, gc): the endpoint probe, once per endpoint + bucket, unless the risk was accepted."""
+        if not self.accept_unsafe_store:
+            self.require_atomic_commits()
+
     def put_if_absent(self, key: str, data: bytes) -> PutResult:
         s3key = self._s3key(key)
         self._check_single_put(key, data, "put_if_absent")
+        self._guard_conditional()
         try:
             resp = self._retrying(
                 "put_if_absent",
@@ -328,6 +347,7 @@ class S3Store(FsspecStore):
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         s3key = self._s3key(key)
         self._check_single_put(key, data, "put_if_match")
+        self._guard_conditional()
         try:
             resp = self._retrying(
                 "put_if_match",
@@ -484,8 +504,10 @@ class S3Store(FsspecStore):
 
     def require_atomic_commits(self, *, accept_risk: bool = False) -> None:
         """Probe the endpoint (once per endpoint + bucket) and refuse unless both preconditions
-        are enforced; ``accept_risk=True`` skips the probe."""
+        are enforced; ``accept_risk=True`` skips the probe, for this call and for every later
+        conditional put through this store."""
         if accept_risk:
+            self.accept_unsafe_store = True
             return
         result = self.probe_conditional_writes()
         if result.atomic:
