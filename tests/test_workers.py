@@ -22,7 +22,7 @@ from conftest import _free_port
 from rollout_checkpoint.archive import ArchiveReader
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.layout import component_prefix
-from rollout_checkpoint.manifests import list_published
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
