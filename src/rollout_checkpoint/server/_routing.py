@@ -5,9 +5,9 @@ worker that serves a request without an owner becomes its owner and says so in a
 ``rc_worker_<kind>_<instance>`` cookie (and the ``x-rc-worker`` header); a later request
 carrying it is forwarded over the owner's private Unix socket when another worker received it.
 After a restore the group aliases each pre-crash owner to the live worker that now holds its
-state. A request without
-an owner for a rollout (path ``/ng-rollout/<rollout_id>/...``) goes to the worker the group
-placed that rollout on: where a restore put its state, else the least loaded worker.
+state. A request for a rollout (path ``/ng-rollout/<rollout_id>/...``) goes to the worker
+the group placed that rollout on, whatever cookie it carries: where a restore put its state,
+else the least loaded worker.
 An owner that is gone gets ``410 session_lost``: its state cannot be recovered by retrying.
 The owner lives in the client's cookie, not in a central table, so routing state does not grow.
 """
@@ -182,17 +182,21 @@ class WorkerFrontend:
         if path.startswith(self.control_prefix):
             await self.control(scope, receive, send)
             return
-        owner = self.signer.owner(scope["headers"])
         target: WorkerAddress | None = None
-        if owner is not None and owner != self.worker_id:
-            target = await self.resolver.owner(owner)
-            if target is None:
-                await _gone(send, owner)
-                return
-        elif owner is None and path.startswith(ROLLOUT_PATH_PREFIX):
-            rollout_id = path[len(ROLLOUT_PATH_PREFIX) :].split("/", 1)[0]
-            if rollout_id:
-                target = await self.resolver.rollout(rollout_id)
+        rollout_id = (
+            path[len(ROLLOUT_PATH_PREFIX) :].split("/", 1)[0] if path.startswith(ROLLOUT_PATH_PREFIX) else ""
+        )
+        if rollout_id:
+            # a rollout's requests go where the group placed it (where a restore put its state),
+            # whatever owner a client's shared cookie jar may carry
+            target = await self.resolver.rollout(rollout_id)
+        else:
+            owner = self.signer.owner(scope["headers"])
+            if owner is not None and owner != self.worker_id:
+                target = await self.resolver.owner(owner)
+                if target is None:
+                    await _gone(send, owner)
+                    return
         if target is not None and target.worker_id != self.worker_id:
             await self._forward(target, scope, receive, send)
             return
