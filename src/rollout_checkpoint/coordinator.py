@@ -357,14 +357,11 @@ class Coordinator:
                 timings["prepare"], mark = now - mark, now
                 commit_started = now
 
-                # 2. commit every participant under the frozen membership, all at once (commits
-                # are independent once every stage is prepared); with a fault hook, one stage at a
-                # time so that injected faults hit a reproducible sequence of steps
-                groups = (
-                    [[(n, p) for n, p in ordered if n.split("/", 1)[0] == kind] for kind in PREPARE_ORDER]
-                    if self.fault_hook is not None
-                    else [ordered]
-                )
+                # 2. commit every participant under the frozen membership, stage by stage, the
+                # participants of one stage concurrently
+                groups = [
+                    [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind] for kind in PREPARE_ORDER
+                ]
                 replies: list[tuple[str, ParticipantControl, CommitReply]] = []
                 for group in groups:
                     committed = self._fan_out(
