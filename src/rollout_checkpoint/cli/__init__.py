@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from . import _archive, _checkpoints, _demo, _gc
+from . import _archive, _checkpoints, _demo, _gc, _serve
 
 __all__ = ["app", "main"]
 
@@ -24,6 +24,7 @@ _archive.register(app)
 _checkpoints.register(app)
 _gc.register(app)
 _demo.register(app)
+_serve.register(app)
 
 
 def main() -> None:
