@@ -95,6 +95,17 @@ def _read_json(path: Path) -> dict[str, Any]:
 # -- the coordinator process ----------------------------------------------------------------------
 
 
+def _latest_of_run(store: ObjectStore, rollout_ids: set[str]) -> str | None:
+    """The newest published checkpoint of this run (an earlier run may share the store)."""
+    for published in list_published(store):  # newest first
+        if published.record is None:
+            continue
+        plan = load_checkpoint(store, published.checkpoint_id)
+        if set(plan.rollouts) <= rollout_ids:
+            return published.checkpoint_id
+    return None
+
+
 class _State:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -137,7 +148,8 @@ def coordinator_main(config_path: str) -> int:
             raise CheckpointError(f"{execution}: the agent refused the run: {response.text}")
         running[execution.rollout_id] = execution
 
-    if list_published(store):
+    latest = _latest_of_run(store, set(specs)) if config.get("restore") else None
+    if latest is not None:
         for remote in remotes:  # a checkpoint the dead coordinator left open is aborted
             active = remote.status().checkpoint_id
             if active is not None:
@@ -147,7 +159,7 @@ def coordinator_main(config_path: str) -> int:
             kept = [r for r in remotes if r.capabilities().kind != skip]
             coordinator = Coordinator(store, kept, registry, RemoteTokenStore(urls["tokens"], token=token))
         try:
-            restored = coordinator.restore(deadline_s=120)
+            restored = coordinator.restore(latest, deadline_s=120)
         except CheckpointError as exc:
             state.value.setdefault("errors", []).append(f"restore refused ({exc.code}): {exc.message}")
             state.value["restore_refused"] = exc.code
@@ -385,6 +397,7 @@ def run_cluster_demo(
             "checkpoint_every": checkpoint_every,
             "state": str(state_path),
             "skip": skip_restore,
+            "restore": False,
         },
     )
     extra: dict[str, Any] = {"killed": [], "restarts": 0, "workdir": str(workdir)}
@@ -415,6 +428,9 @@ def run_cluster_demo(
                 f"{2 + 2 * round_}. SIGKILLed the {victim} process ({published} checkpoints published so far)"
             )
             cluster.kill_all()  # restore installs into participants without live state: all restart
+            settings = _read_json(config)
+            settings["restore"] = True  # from now on the coordinator starts from this run's checkpoint
+            _write_json(config, settings)
             cluster.start_servers()
             cluster.start_coordinator(config)
             extra["restarts"] += 1
