@@ -19,7 +19,11 @@ from ._common import EndpointOpt, fail
 
 __all__ = ["register"]
 
-KINDS: dict[str, str] = {}
+KINDS: dict[str, str] = {
+    "model": "rollout_checkpoint.demo._servers:build_model",
+    "agent": "rollout_checkpoint.demo._servers:build_agent",
+    "resources": "rollout_checkpoint.demo._servers:build_resources",
+}
 """Reference servers by kind (``module:function`` builds); ``tokens`` is the token store."""
 
 
