@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollout_checkpoint.demo._cluster import run_cluster_demo
-from rollout_checkpoint.manifests import list_published
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.store import LocalStore
 
 CLI = shutil.which("rollout-checkpoint", path=str(Path(sys.executable).parent)) or "rollout-checkpoint"
