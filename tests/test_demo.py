@@ -35,7 +35,7 @@ KEYS = {
 def test_demo_runs_checkpoints_crashes_restores_and_matches_the_uninterrupted_run(tmp_path: Path) -> None:
     target = tmp_path / "demo"
     result = runner.invoke(
-        app, ["demo", str(target), "--rollouts", "9", "--turns", "5", "--seed", "3", "--json"]
+        app, ["demo", str(target), "--in-process", "--rollouts", "9", "--turns", "5", "--seed", "3", "--json"]
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -60,7 +60,7 @@ def test_demo_runs_checkpoints_crashes_restores_and_matches_the_uninterrupted_ru
 
 
 def test_demo_default_command_prints_progress_and_summary(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["demo", str(tmp_path / "d")])
+    result = runner.invoke(app, ["demo", str(tmp_path / "d"), "--in-process"])
     assert result.exit_code == 0, result.output
     for line in ("1. ", "3. ", "crashed", "5. finished every rollout", "matches_uninterrupted      True"):
         assert line in result.stdout
@@ -68,7 +68,9 @@ def test_demo_default_command_prints_progress_and_summary(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("kind", ["resources", "agent", "model"])
 def test_skip_restore_is_refused_naming_the_missing_participant(tmp_path: Path, kind: str) -> None:
-    result = runner.invoke(app, ["demo", str(tmp_path / kind), "--skip-restore", kind, "--json"])
+    result = runner.invoke(
+        app, ["demo", str(tmp_path / kind), "--in-process", "--skip-restore", kind, "--json"]
+    )
     assert result.exit_code == 1, result.output
     error = json.loads(result.stdout.strip().splitlines()[-1])["error"]
     assert error["code"] == "missing_participant"
@@ -95,7 +97,9 @@ def test_demo_runs_again_in_the_same_store(tmp_path: Path) -> None:
     """The README's first command, run twice: each run's rollouts are its own (no token-key clash)."""
     target = tmp_path / "again"
     for seed in ("1", "2"):
-        result = runner.invoke(app, ["demo", str(target), "--rollouts", "3", "--turns", "3", "--seed", seed])
+        result = runner.invoke(
+            app, ["demo", str(target), "--in-process", "--rollouts", "3", "--turns", "3", "--seed", seed]
+        )
         assert result.exit_code == 0, result.output
     store = LocalStore(target)
     published = list_published(store)

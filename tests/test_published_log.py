@@ -47,7 +47,7 @@ def _store(url: str, options: list[str]) -> ObjectStore:
 
 
 def _demo(url: str, options: list[str]) -> str:
-    result = runner.invoke(app, ["demo", url, "--rollouts", "10", "--json", *options])
+    result = runner.invoke(app, ["demo", url, "--in-process", "--rollouts", "10", "--json", *options])
     assert result.exit_code == 0, result.output
     return str(json.loads(result.stdout.strip().splitlines()[-1])["checkpoint_id"])
 

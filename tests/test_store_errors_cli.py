@@ -92,11 +92,11 @@ def test_a_read_only_directory_gives_permission_denied_with_the_path(tmp_path: P
     target = tmp_path / "ro"
     target.mkdir()
     with _read_only(target):
-        result = runner.invoke(app, ["demo", str(target), "--rollouts", "4", "--json"])
+        result = runner.invoke(app, ["demo", str(target), "--in-process", "--rollouts", "4", "--json"])
         assert result.exit_code == 1, result.output
         error = _error(result)
         assert error["code"] == "permission_denied" and str(target) in str(error["message"])
-        text = runner.invoke(app, ["demo", str(target), "--rollouts", "4"])
+        text = runner.invoke(app, ["demo", str(target), "--in-process", "--rollouts", "4"])
         assert text.exit_code == 1 and "Traceback" not in text.output
         with pytest.raises(StorePermissionError):
             LocalStore(target).put("k", b"v")
@@ -119,7 +119,9 @@ def test_a_read_only_fsspec_backend_is_a_store_error(tmp_path: Path) -> None:
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("x/readme.txt", "hello")
     url = f"zip://x::{archive}"
-    result = runner.invoke(app, ["demo", url, "--rollouts", "10", "--json", "--accept-unsafe-store"])
+    result = runner.invoke(
+        app, ["demo", url, "--in-process", "--rollouts", "10", "--json", "--accept-unsafe-store"]
+    )
     assert result.exit_code == 1
     assert _error(result)["code"] == "store_error" and url in str(_error(result)["message"])
 

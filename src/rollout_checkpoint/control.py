@@ -77,6 +77,7 @@ class ParticipantStatus(_Model):
     accepting: bool
     live: int = Field(ge=0, description="executions the participant currently tracks")
     tombstones: int = Field(ge=0)
+    workers: int = Field(default=1, ge=0, description="worker processes whose answers are merged here")
 
 
 class UnsafeEffect(_Model):

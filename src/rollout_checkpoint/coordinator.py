@@ -22,9 +22,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 from pydantic import BaseModel, JsonValue
@@ -303,6 +305,25 @@ class Coordinator:
                 log.warning("%s %s: answer lost, repeating the idempotent call", step, name)
         raise AssertionError("unreachable")
 
+    def _fan_out(self, calls: Sequence[tuple[str, Callable[[], T]]]) -> list[tuple[str, T]]:
+        """Run the calls of one stage concurrently (a remote participant answers slowly); every
+        call has finished when this returns, and the first failure, in stage order, is raised."""
+        if len(calls) <= 1:
+            return [(name, fn()) for name, fn in calls]
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="coordinator") as pool:
+            futures = [pool.submit(fn) for _, fn in calls]
+            wait(futures)
+        failures = [
+            (name, f.exception()) for (name, _), f in zip(calls, futures, strict=True) if f.exception()
+        ]
+        for name, error in failures[1:]:
+            log.warning("%s also failed in the same stage: %s", name, error)
+        if failures:
+            error = failures[0][1]
+            assert error is not None
+            raise error
+        return [(name, f.result()) for (name, _), f in zip(calls, futures, strict=True)]
+
     def _check_deadline(self, cid: str, deadline: float, step: str) -> None:
         if self.clock() >= deadline:
             raise DeadlineExceededError(
@@ -323,11 +344,13 @@ class Coordinator:
                 # 1. prepare, stage by stage; stop at the first stage that is not ready
                 for kind in PREPARE_ORDER:
                     stage = [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
-                    reports: list[tuple[str, PrepareReport]] = []
-                    for name, participant in stage:
-                        touched.append((name, participant))
-                        report = self._call(name, "prepare", participant.prepare, cid, deadline)
-                        reports.append((name, report))
+                    touched.extend(stage)
+                    reports: list[tuple[str, PrepareReport]] = self._fan_out(
+                        [
+                            (name, partial(self._call, name, "prepare", participant.prepare, cid, deadline))
+                            for name, participant in stage
+                        ]
+                    )
                     blocked = [(n, r) for n, r in reports if not r.ready]
                     if blocked:
                         raise CheckpointNotReadyError(
@@ -343,11 +366,22 @@ class Coordinator:
                 timings["prepare"], mark = now - mark, now
                 commit_started = now
 
-                # 2. commit every participant under the frozen membership
+                # 2. commit every participant under the frozen membership, stage by stage, the
+                # participants of one stage concurrently
+                groups = [
+                    [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind] for kind in PREPARE_ORDER
+                ]
                 replies: list[tuple[str, ParticipantControl, CommitReply]] = []
-                for name, participant in ordered:
-                    reply = self._call(name, "commit", participant.commit, cid, hooked, deadline, live)
-                    replies.append((name, participant, reply))
+                for group in groups:
+                    committed = self._fan_out(
+                        [
+                            (name, partial(self._call, name, "commit", p.commit, cid, hooked, deadline, live))
+                            for name, p in group
+                        ]
+                    )
+                    replies.extend(
+                        (name, p, reply) for (name, p), (_, reply) in zip(group, committed, strict=True)
+                    )
                 now = time.perf_counter()
                 timings["commit"], mark = now - mark, now
 
@@ -528,8 +562,7 @@ class Coordinator:
     def _resume_all(
         self, cid: str, ordered: Sequence[tuple[str, ParticipantControl]], deadline: float, *, hook: bool
     ) -> list[str]:
-        errors: list[str] = []
-        for name, participant in reversed(ordered):
+        def resume_one(name: str, participant: ParticipantControl) -> str | None:
             first = hook
             for attempt in range(self.call_retries + 1):
                 try:
@@ -537,10 +570,17 @@ class Coordinator:
                         first = False
                         self._step(f"resume:{name}")
                     participant.resume(cid, max(deadline, self.clock() + self.cleanup_grace_s))
-                    break
+                    return None
                 except Exception as exc:
                     if attempt >= self.call_retries:
-                        errors.append(f"resume of {name} failed: {exc}")
+                        return f"resume of {name} failed: {exc}"
+            return None
+
+        errors: list[str] = []
+        for kind in reversed(PREPARE_ORDER):
+            stage = [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
+            outcomes = self._fan_out([(name, partial(resume_one, name, p)) for name, p in reversed(stage)])
+            errors.extend(error for _, error in outcomes if error is not None)
         return errors
 
     # -- restore ---------------------------------------------------------------------------------
@@ -589,19 +629,29 @@ class Coordinator:
             touched: list[tuple[str, ParticipantControl]] = []
             restored: dict[str, tuple[ExecutionId, ...]] = {}
             try:
-                for name, participant in ordered:
-                    touched.append((name, participant))
-                    reply = self._call(
-                        name,
-                        "restore",
-                        participant.restore,
-                        rid,
-                        plan.checkpoint_id,
-                        self.store,
-                        deadline,
-                        continued,
-                    )
-                    restored[name] = tuple(reply.restored)
+                for kind in PREPARE_ORDER:
+                    group = [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
+                    touched.extend(group)
+                    for name, reply in self._fan_out(
+                        [
+                            (
+                                name,
+                                partial(
+                                    self._call,
+                                    name,
+                                    "restore",
+                                    participant.restore,
+                                    rid,
+                                    plan.checkpoint_id,
+                                    self.store,
+                                    deadline,
+                                    continued,
+                                ),
+                            )
+                            for name, participant in group
+                        ]
+                    ):
+                        restored[name] = tuple(reply.restored)
                 # Fence attempt N of every non-completed rollout at every participant that did not
                 # restore it (a restoring participant fenced its own), so a late request from N
                 # is refused everywhere.
@@ -684,9 +734,16 @@ class Coordinator:
         deadline = self.clock() + deadline_s
         ordered = self._ordered()
         for stage in RETIRE_ORDER:
-            for name, participant in ordered:
-                if name.split("/", 1)[0] in stage:
-                    self._call(name, "retire", participant.retire, batch, deadline, hook=False)
+            self._fan_out(
+                [
+                    (
+                        name,
+                        partial(self._call, name, "retire", participant.retire, batch, deadline, hook=False),
+                    )
+                    for name, participant in ordered
+                    if name.split("/", 1)[0] in stage
+                ]
+            )
         for execution in batch:
             with contextlib.suppress(CheckpointError):
                 self.registry.retire(execution)

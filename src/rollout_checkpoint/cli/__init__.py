@@ -2,7 +2,7 @@
 
 One module per concept: ``_archive`` (inspect, verify), ``_checkpoints`` (list, classify and the
 published-checkpoint verifier), ``_gc`` (retention), ``_demo`` (the demo command and deployment),
-``_common`` (shared options and output); this module only assembles them.
+``_serve`` (run a server), ``_common`` (shared options and output); this module only assembles them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from . import _archive, _checkpoints, _demo, _gc
+from . import _archive, _checkpoints, _demo, _gc, _serve
 
 __all__ = ["app", "main"]
 
@@ -49,6 +49,7 @@ _archive.register(app)
 _checkpoints.register(app)
 _gc.register(app)
 _demo.register(app)
+_serve.register(app)
 
 
 def main() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 import typer
 
 from ..demo import run_demo
+from ..demo._cluster import KILLABLE, run_cluster_demo
 from ..errors import CheckpointError
 from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt, open_demo_store, styled
 from ._common import console as _console
@@ -35,11 +36,30 @@ def demo_command(
             help="Negative control: restore without this participant kind (agent, model, resources).",
         ),
     ] = None,
+    in_process: Annotated[
+        bool, typer.Option("--in-process", help="Run every participant in this process (no servers).")
+    ] = False,
+    kill: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kill",
+            metavar="SERVER",
+            help="SIGKILL this process mid-run (model, agent, resources, tokens, coordinator; default "
+            "model, 'none' for no crash); repeat for a second crash right after the restart.",
+        ),
+    ] = None,
+    checkpoint_every: Annotated[
+        float, typer.Option("--checkpoint-every", min=0.05, help="Seconds between checkpoints.")
+    ] = 0.5,
+    workers: Annotated[
+        int,
+        typer.Option("--workers", min=1, max=8, help="Worker processes of the agent and each environment."),
+    ] = 2,
     endpoint_url: EndpointOpt = None,
     accept_unsafe_store: AcceptUnsafeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Multi-turn agents, a checkpoint mid-generation, a crash, restore, finish, compare."""
+    """Multi-turn agents on real server processes: checkpoints, a SIGKILL, restore, finish, compare."""
     console = _console(stderr=as_json)
     if skip_restore is not None and skip_restore not in ("agent", "model", "resources"):
         console.print(
@@ -48,21 +68,49 @@ def demo_command(
             )
         )
         raise typer.Exit(2)
+    kills = ["model"] if kill is None and not in_process and skip_restore is None else list(kill or [])
+    kills = [k for k in kills if k != "none"]
+    for name in kills:
+        if name not in KILLABLE:
+            console.print(styled(("error", "red"), f": --kill takes {', '.join(KILLABLE)}, not {name!r}"))
+            raise typer.Exit(2)
+    if in_process and kill:
+        console.print(styled(("error", "red"), ": --kill needs server processes; drop --in-process"))
+        raise typer.Exit(2)
+    if accept_unsafe_store and not in_process:
+        console.print(styled(("error", "red"), ": --accept-unsafe-store needs --in-process"))
+        raise typer.Exit(2)
+    extra: dict[str, Any] = {}
     try:
         store = open_demo_store(directory, endpoint_url, accept_unsafe_store=accept_unsafe_store)
-        report = run_demo(
-            store,
-            rollouts=rollouts,
-            turns=turns,
-            seed=seed,
-            skip_restore=cast(SkipKind | None, skip_restore),
-            progress=console.print,
-            accept_unsafe_store=accept_unsafe_store,
-        )
+        if in_process:
+            report = run_demo(
+                store,
+                rollouts=rollouts,
+                turns=turns,
+                seed=seed,
+                skip_restore=cast(SkipKind | None, skip_restore),
+                progress=console.print,
+                accept_unsafe_store=accept_unsafe_store,
+            )
+        else:
+            report, extra = run_cluster_demo(
+                store,
+                rollouts=rollouts,
+                turns=turns,
+                seed=seed,
+                kill=kills,
+                checkpoint_every=checkpoint_every,
+                workers=workers,
+                skip_restore=skip_restore,
+                progress=console.print,
+            )
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     summary = report.to_json()
     summary["url"] = store.url
+    summary["mode"] = "in_process" if in_process else "processes"
+    summary.update({k: v for k, v in extra.items() if k in ("killed", "restarts", "restore_refused")})
     if as_json:
         print(json.dumps(summary))
     else:
@@ -77,7 +125,8 @@ def demo_command(
             "repeated_tool_calls",
             "lost_results",
             "matches_uninterrupted",
-            "pause_ms",
+            "pause_ms_p50",
+            "pause_ms_max",
         ):
             console.print(f"  {key:<26} {summary[key]}")
         for failure in report.failures():

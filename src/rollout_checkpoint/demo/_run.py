@@ -9,6 +9,7 @@ to completion, then runs the same seed again without interruption and compares.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import uuid
@@ -58,6 +59,8 @@ class DemoReport:
     matches_uninterrupted: bool = False
     mismatched: list[str] = field(default_factory=list)
     pause_ms: float = 0.0
+    pause_ms_p50: float = 0.0
+    pause_ms_max: float = 0.0
     errors: list[str] = field(default_factory=list)
 
     def failures(self) -> list[str]:
@@ -315,6 +318,8 @@ def run_demo(
     report.mismatched = sorted(r for r in by_id if final.get(r) != straight.results.get(r))
     report.matches_uninterrupted = not report.mismatched and len(straight.results) == rollouts
     report.pause_ms = round(max(pauses) * 1000, 3)
+    report.pause_ms_max = report.pause_ms
+    report.pause_ms_p50 = round(statistics.median(pauses) * 1000, 3)
     say(
         f"6. same seed uninterrupted: final environment states and rewards "
         f"{'match' if report.matches_uninterrupted else 'DIFFER for ' + ', '.join(report.mismatched)}"

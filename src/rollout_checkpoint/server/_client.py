@@ -1,0 +1,175 @@
+"""A remote participant for the coordinator: the control routes over httpx.
+
+:class:`RemoteParticipant` satisfies :class:`~rollout_checkpoint.control.ParticipantControl`, so a
+:class:`~rollout_checkpoint.coordinator.Coordinator` drives servers in other processes exactly
+as it drives in-process participants. Each call's HTTP timeout comes from the operation's own
+absolute deadline; transport failures and 5xx answers are retried until the deadline (every
+operation is idempotent, so a repeat after a lost answer is safe; see ``_http``); a refusal
+comes back as the SDK's typed error, its message naming the participant that refused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from ..control import (
+    Capabilities,
+    CommitReply,
+    ParticipantStatus,
+    PrepareReport,
+    RestoreReply,
+    ResumeReply,
+)
+from ..ids import ExecutionId
+from ..store import ObjectStore
+from ._http import JsonClient
+from ._wire import (
+    CHECKPOINT_ROUTE_PREFIX,
+    ForgetReply,
+    ParticipantUnreachableError,
+    RenewReply,
+    RetireReply,
+)
+
+__all__ = ["RemoteParticipant"]
+
+
+class RemoteParticipant:
+    """One participant behind its server's control routes.
+
+    ``base_url`` is the server (``http://127.0.0.1:8001``); ``token`` its control token.
+    ``attempts`` bounds the tries of one call (never past its deadline); ``default_timeout_s``
+    applies to the two calls without a deadline (``status``, ``forget``). ``transport`` lets a
+    caller pass an httpx transport (a Unix socket). ``capabilities``, when known, name the
+    participant without asking it (and a server answering with others is refused).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str,
+        prefix: str = CHECKPOINT_ROUTE_PREFIX,
+        attempts: int = 4,
+        default_timeout_s: float = 30.0,
+        answer_margin_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+        capabilities: Capabilities | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = JsonClient(
+            self.base_url,
+            token=token,
+            prefix=prefix,
+            attempts=attempts,
+            default_timeout_s=default_timeout_s,
+            answer_margin_s=answer_margin_s,
+            transport=transport,
+            clock=clock,
+            describe=lambda: self.name,
+        )
+        self._capabilities: Capabilities | None = capabilities
+
+    def __repr__(self) -> str:
+        return f"RemoteParticipant({self.base_url!r})"
+
+    @property
+    def name(self) -> str:
+        """``kind/instance @ url`` once known (used in every error message)."""
+        caps = self._capabilities
+        return f"{caps.kind}/{caps.instance} at {self.base_url}" if caps else self.base_url
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RemoteParticipant:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ParticipantControl ---------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """Fetched from ``/status`` once; a server's capabilities never change while it runs."""
+        if self._capabilities is None:
+            self._capabilities = self.status().capabilities
+        return self._capabilities
+
+    def status(self) -> ParticipantStatus:
+        reply = self._http.call("GET", "/status", None, ParticipantStatus, None)
+        if self._capabilities is not None and reply.capabilities != self._capabilities:
+            raise ParticipantUnreachableError(
+                f"{self.name}: capabilities changed (another server now answers at this address)",
+                participant=self.name,
+            )
+        self._capabilities = reply.capabilities
+        return reply
+
+    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        return self._http.call("POST", "/prepare", body, PrepareReport, deadline)
+
+    def renew(self, checkpoint_id: str, deadline: float) -> None:
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        self._http.call("POST", "/renew", body, RenewReply, deadline)
+
+    def commit(
+        self,
+        checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+    ) -> CommitReply:
+        body = {
+            "checkpoint_id": checkpoint_id,
+            "deadline_ts": deadline,
+            "store": _url(store),
+            "scope": _executions(scope),
+        }
+        return self._http.call("POST", "/commit", body, CommitReply, deadline)
+
+    def restore(
+        self,
+        checkpoint_id: str,
+        source_checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+    ) -> RestoreReply:
+        body = {
+            "checkpoint_id": checkpoint_id,
+            "source_checkpoint_id": source_checkpoint_id,
+            "deadline_ts": deadline,
+            "store": _url(store),
+            "scope": _executions(scope),
+        }
+        return self._http.call("POST", "/restore", body, RestoreReply, deadline)
+
+    def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        return self._http.call("POST", "/resume", body, ResumeReply, deadline)
+
+    def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
+        batch = _executions(executions) or []
+        if batch:
+            self._http.call(
+                "POST", "/retire", {"executions": batch, "deadline_ts": deadline}, RetireReply, deadline
+            )
+
+    def forget(self, rollout_ids: Sequence[str]) -> None:
+        self._http.call("POST", "/forget", {"rollout_ids": list(rollout_ids)}, ForgetReply, None)
+
+
+def _url(store: str | ObjectStore) -> str:
+    return store if isinstance(store, str) else store.url
+
+
+def _executions(executions: Sequence[ExecutionId] | None) -> list[dict[str, Any]] | None:
+    if executions is None:
+        return None
+    return [{"rollout_id": e.rollout_id, "attempt": e.attempt} for e in executions]

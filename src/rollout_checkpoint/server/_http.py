@@ -1,0 +1,150 @@
+"""JSON over HTTP with deadline-bound retries: the transport of every remote client here.
+
+Each call's HTTP timeout is the time left until its absolute deadline plus a margin for the
+answer to travel; transport failures and 502/503/504 answers are retried with tenacity until
+the deadline or ``attempts`` tries (callers only send idempotent operations); an error body
+becomes the SDK's typed error, its message naming the remote side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity.stop import stop_base
+
+from ..errors import CheckpointError, DeadlineExceededError
+from ._wire import ParticipantUnreachableError, error_from_wire
+
+__all__ = ["JsonClient"]
+
+M = TypeVar("M", bound=BaseModel)
+
+_RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+class _Transient(Exception):
+    """A failure worth repeating: no answer, or a gateway / unavailable status."""
+
+    def __init__(self, reason: str, cause: BaseException | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.cause = cause
+
+
+class _StopAt(stop_base):
+    """Stop retrying once the operation's deadline has passed."""
+
+    def __init__(self, clock: Callable[[], float], end: float) -> None:
+        self._clock = clock
+        self._end = end
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self._clock() >= self._end
+
+
+class JsonClient:
+    """A JSON API at ``base_url + prefix`` behind a bearer token; ``describe()`` names the
+    remote side in errors (it may learn its name after the first answer)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str,
+        prefix: str = "",
+        attempts: int = 4,
+        default_timeout_s: float = 30.0,
+        answer_margin_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+        describe: Callable[[], str] | None = None,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be >= 1")
+        self.base_url = base_url.rstrip("/")
+        self.attempts = attempts
+        self.default_timeout_s = default_timeout_s
+        self.answer_margin_s = answer_margin_s
+        self.clock = clock
+        self._describe = describe if describe is not None else (lambda: self.base_url)
+        self._client = httpx.Client(
+            base_url=f"{self.base_url}{prefix}",
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+            trust_env=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"JsonClient({self.base_url!r})"
+
+    @property
+    def name(self) -> str:
+        return self._describe()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def call(
+        self, method: str, path: str, body: dict[str, Any] | None, reply: type[M], deadline: float | None
+    ) -> M:
+        end = deadline if deadline is not None else self.clock() + self.default_timeout_s
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.attempts) | _StopAt(self.clock, end),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            retry=retry_if_exception_type(_Transient),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self._once(method, path, body, reply, end)
+        except _Transient as exc:
+            if deadline is not None and self.clock() >= deadline:
+                raise DeadlineExceededError(
+                    f"{self.name}: no answer to {path.strip('/')} before the deadline ({exc.reason})",
+                    participant=self.name,
+                ) from exc.cause
+            raise ParticipantUnreachableError(
+                f"{self.name}: {path.strip('/')} failed after {self.attempts} tries ({exc.reason})",
+                participant=self.name,
+            ) from exc.cause
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity either returns or raises
+
+    def _once(self, method: str, path: str, body: dict[str, Any] | None, reply: type[M], end: float) -> M:
+        timeout = max(0.05, end - self.clock()) + self.answer_margin_s
+        try:
+            response = self._client.request(method, path, json=body, timeout=timeout)
+        except httpx.TransportError as exc:
+            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
+        if response.status_code in _RETRY_STATUSES:
+            raise _Transient(f"HTTP {response.status_code}")
+        if response.status_code >= 400:
+            raise self._refusal(path, response)
+        try:
+            return reply.model_validate_json(response.content)
+        except ValueError as exc:
+            raise ParticipantUnreachableError(
+                f"{self.name}: {path.strip('/')} answered a body that is not a {reply.__name__}: {exc}",
+                participant=self.name,
+            ) from None
+
+    def _refusal(self, path: str, response: httpx.Response) -> CheckpointError:
+        op = path.strip("/")
+        try:
+            error = response.json()["error"]
+            code, detail = str(error["code"]), str(error["detail"])
+        except (ValueError, KeyError, TypeError):
+            return ParticipantUnreachableError(
+                f"{self.name}: {op} answered HTTP {response.status_code} without an error body",
+                participant=self.name,
+                status=response.status_code,
+            )
+        return error_from_wire(
+            code, f"{self.name}: {op} refused: {detail}", participant=self.name, status=response.status_code
+        )

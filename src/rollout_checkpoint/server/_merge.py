@@ -1,0 +1,101 @@
+"""Merging what the workers of one server committed: the component manifest ``extra`` of the
+merged archive, and where a restore places each pre-crash owner's executions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pydantic import JsonValue
+
+from ..control import Capabilities, CommitReply, UnsafeEffect
+from ..errors import IntegrityError, InvalidPhaseError, InvalidRecordError
+from ..ids import ExecutionId
+
+__all__ = ["assign_owners", "execution_key", "merge_extra", "session_owners", "unique_effects"]
+
+STANDARD_KEYS = ("capabilities", "tombstones", "executions", "restarts", "unsafe_effects")
+
+
+def execution_key(execution: ExecutionId) -> tuple[str, int]:
+    return (execution.rollout_id, execution.attempt)
+
+
+def assign_owners(owners: dict[str, list[ExecutionId]], workers: Sequence[str]) -> dict[str, str]:
+    """Old owner -> live worker: all of one owner's executions stay together. An owner that is
+    still a live worker keeps its own executions (so its clients' owner stays right); the other
+    owners, biggest first, each go to the worker with the fewest executions (then fewest owners)."""
+    if not workers:
+        raise InvalidPhaseError("no live worker to restore onto")
+    load = {w: [0, 0] for w in workers}
+    placed: dict[str, str] = {}
+    for owner in sorted(o for o in owners if o in load):
+        placed[owner] = owner
+        load[owner][0] += len(owners[owner])
+        load[owner][1] += 1
+    for owner in sorted((o for o in owners if o not in load), key=lambda o: (-len(owners[o]), o)):
+        target = min(workers, key=lambda w: (load[w][0], load[w][1], w))
+        placed[owner] = target
+        load[target][0] += len(owners[owner])
+        load[target][1] += 1
+    return placed
+
+
+def merge_extra(
+    caps: Capabilities, extras: dict[str, dict[str, JsonValue]], replies: dict[str, CommitReply]
+) -> dict[str, JsonValue]:
+    tombstones: dict[str, int] = {}
+    for extra in extras.values():
+        raw = extra.get("tombstones", {})
+        if not isinstance(raw, dict):
+            raise InvalidRecordError("a worker's manifest extra 'tombstones' is not an object")
+        for rollout_id, attempt in raw.items():
+            if not isinstance(attempt, int):
+                raise InvalidRecordError("a worker's tombstone is not an attempt number")
+            tombstones[rollout_id] = max(attempt, tombstones.get(rollout_id, attempt))
+    executions = sorted({e for r in replies.values() for e in r.executions}, key=execution_key)
+    restarts = sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)
+    effects = unique_effects(e for r in replies.values() for e in r.unsafe_effects)
+    merged: dict[str, JsonValue] = {
+        "capabilities": caps.model_dump(mode="json"),
+        "tombstones": dict(sorted(tombstones.items())),
+        "executions": [[e.rollout_id, e.attempt] for e in executions],
+        "restarts": [[e.rollout_id, e.attempt] for e in restarts],
+        "unsafe_effects": [u.model_dump(mode="json") for u in effects],
+        "session_owners": {
+            wid: [[e.rollout_id, e.attempt] for e in sorted({*r.executions, *r.restarts}, key=execution_key)]
+            for wid, r in sorted(replies.items())
+        },
+    }
+    for wid, extra in sorted(extras.items()):
+        for name, value in extra.items():
+            if name in STANDARD_KEYS:
+                continue
+            if name in merged and merged[name] != value:
+                raise IntegrityError(f"workers disagree on manifest extra {name!r} (worker {wid})")
+            merged[name] = value
+    return merged
+
+
+def unique_effects(effects: Iterable[UnsafeEffect]) -> list[UnsafeEffect]:
+    seen: dict[str, UnsafeEffect] = {}
+    for effect in effects:
+        seen.setdefault(json.dumps(effect.model_dump(mode="json"), sort_keys=True), effect)
+    return [seen[k] for k in sorted(seen)]
+
+
+def session_owners(raw: Any) -> dict[str, list[ExecutionId]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidRecordError("manifest extra 'session_owners' must be an object")
+    out: dict[str, list[ExecutionId]] = {}
+    for owner, items in raw.items():
+        if not isinstance(items, list):
+            raise InvalidRecordError("manifest extra 'session_owners' entries must be lists")
+        try:
+            out[str(owner)] = [ExecutionId(rollout_id=i[0], attempt=i[1]) for i in items]
+        except (TypeError, IndexError, ValueError) as exc:
+            raise InvalidRecordError(f"manifest extra 'session_owners': {exc}") from None
+    return out

@@ -1,0 +1,292 @@
+"""The checkpoint control routes as a FastAPI router any app mounts (NeMo Gym's names).
+
+``GET /status`` and ``POST /prepare /renew /commit /restore /resume /retire /forget`` under
+:data:`CHECKPOINT_ROUTE_PREFIX`, each protected by a bearer token compared in constant time,
+each wrapping one operation of any :class:`~rollout_checkpoint.control.ParticipantControl`.
+
+The router needs no app-level exception handlers: its route class turns every refusal into
+``{"error": {"code", "detail"}}`` itself (401 unauthorized, 422 malformed body, 409 protocol
+refusal, 503 transient store failure), so it behaves the same in any app that mounts it.
+Blocking participant operations (prepare waits, commit exports) run in worker threads, never
+on the event loop.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Annotated, Any, TypeVar
+
+import anyio
+from fastapi import APIRouter, FastAPI, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException
+
+from ..control import (
+    CommitReply,
+    ParticipantControl,
+    ParticipantStatus,
+    PrepareReport,
+    RestoreReply,
+    ResumeReply,
+)
+from ..errors import CheckpointError
+from ..store import ObjectStore, open_store
+from ._wire import (
+    CHECKPOINT_ROUTE_PREFIX,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    UNAUTHORIZED,
+    CheckpointRequest,
+    CommitRequest,
+    ErrorReply,
+    ForgetReply,
+    ForgetRequest,
+    RenewReply,
+    RestoreRequest,
+    RetireReply,
+    RetireRequest,
+    StoreMismatchError,
+    UnsupportedOperationError,
+    status_for,
+)
+
+__all__ = [
+    "CONTROL_THREADS",
+    "checkpoint_router",
+    "control_app",
+    "error_response",
+    "install_error_handlers",
+    "install_participant",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_STORES_KEPT = 32
+
+CONTROL_THREADS = 32
+"""Worker threads one router may occupy at once (a prepare holds one until it is ready)."""
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorReply, "description": "missing or wrong bearer token; nothing applied"},
+    409: {"model": ErrorReply, "description": "refused by the protocol (stable error code)"},
+    422: {"model": ErrorReply, "description": "malformed body or invalid stored state"},
+}
+
+_bearer = HTTPBearer(auto_error=False, scheme_name="ControlToken", description="the server's control token")
+
+
+def error_response(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The one error shape of the control plane."""
+    return JSONResponse({"error": {"code": code, "detail": detail}}, status_code=status, headers=headers)
+
+
+def _describe(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in error.get("loc", ()))
+        parts.append(f"{loc}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "malformed request"
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+class _TokenCheck:
+    """Constant-time bearer check. Holds the token privately; its repr never shows it."""
+
+    def __init__(self, token: str) -> None:
+        if not isinstance(token, str) or not token.strip():
+            raise ValueError("the control token must be a non-empty string")
+        self._token = token.encode("utf-8")
+
+    def __repr__(self) -> str:
+        return "_TokenCheck(<redacted>)"
+
+    def header_ok(self, authorization: str | None) -> bool:
+        scheme, _, credentials = (authorization or "").partition(" ")
+        return scheme.lower() == "bearer" and self.matches(credentials.strip())
+
+    def matches(self, credentials: str) -> bool:
+        return hmac.compare_digest(credentials.encode("utf-8", "surrogateescape"), self._token)
+
+    async def __call__(
+        self, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+    ) -> None:
+        # Also checked by the route class before the body is parsed; kept as a dependency so
+        # the OpenAPI document declares the security scheme on every route.
+        if credentials is None or not self.matches(credentials.credentials):
+            raise _Unauthorized()
+
+
+def _route_class(check: _TokenCheck) -> type[APIRoute]:
+    class ControlRoute(APIRoute):
+        """Authenticates before anything is parsed; maps every failure to the error shape."""
+
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                if not check.header_ok(request.headers.get("authorization")):
+                    return _unauthorized()
+                try:
+                    return await handler(request)
+                except _Unauthorized:
+                    return _unauthorized()
+                except RequestValidationError as exc:
+                    return error_response(422, INVALID_REQUEST, _describe(exc))
+                except HTTPException as exc:
+                    # FastAPI's own refusals, e.g. a body it cannot even decode (400)
+                    status = 422 if exc.status_code == 400 else exc.status_code
+                    return error_response(status, INVALID_REQUEST, f"body: {exc.detail}")
+                except CheckpointError as exc:
+                    return error_response(status_for(exc), exc.code, exc.message)
+                except Exception:
+                    log.exception("checkpoint control %s failed unexpectedly", request.url.path)
+                    return error_response(500, INTERNAL_ERROR, "internal error; see the server log")
+
+            return guarded
+
+    return ControlRoute
+
+
+def _unauthorized() -> JSONResponse:
+    return error_response(
+        401, UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def checkpoint_router(
+    participant: ParticipantControl,
+    *,
+    token: str,
+    store: str | ObjectStore | None = None,
+    prefix: str = CHECKPOINT_ROUTE_PREFIX,
+    threads: int = CONTROL_THREADS,
+) -> APIRouter:
+    """The control routes of ``participant``, protected by ``token``.
+
+    ``store`` is where commits go and restores read from; a request naming another store is
+    refused (``store_mismatch``). Without one the request's store URL is opened.
+    """
+    check = _TokenCheck(token)
+    configured = open_store(store) if store is not None else None
+    limiter = anyio.CapacityLimiter(threads)
+    stores: dict[str, ObjectStore] = {}
+
+    async def blocking(fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=limiter)
+
+    def target(requested: str | None) -> str | ObjectStore:
+        if configured is not None:
+            if requested is not None and requested.rstrip("/") != configured.url.rstrip("/"):
+                raise StoreMismatchError(
+                    f"this server writes to {configured.url}, not {requested}", store=configured.url
+                )
+            return configured
+        if requested is None:
+            raise StoreMismatchError("this server has no store of its own; name one in 'store'")
+        opened = stores.get(requested)
+        if opened is None:  # opening an S3 store builds a client: once per URL, not per call
+            opened = open_store(requested)
+            if len(stores) >= _STORES_KEPT:
+                stores.pop(next(iter(stores)))
+            stores[requested] = opened
+        return opened
+
+    def scope(executions: Sequence[Any] | None) -> Sequence[Any] | None:
+        return None if executions is None else list(executions)
+
+    router = APIRouter(
+        prefix=prefix,
+        tags=["checkpoint"],
+        route_class=_route_class(check),
+        dependencies=[Security(check)],
+        responses=_ERRORS,
+    )
+
+    @router.get("/status", response_model=ParticipantStatus, summary="capabilities, phase and counts")
+    async def status() -> ParticipantStatus:
+        return await blocking(participant.status)
+
+    @router.post("/prepare", response_model=PrepareReport, summary="close admission, wait for boundaries")
+    async def prepare(body: CheckpointRequest) -> PrepareReport:
+        return await blocking(participant.prepare, body.checkpoint_id, body.deadline_ts)
+
+    @router.post("/renew", response_model=RenewReply, summary="extend the active checkpoint's lease")
+    async def renew(body: CheckpointRequest) -> RenewReply:
+        method = getattr(participant, "renew", None)
+        if method is None:
+            raise UnsupportedOperationError("this participant has no lease to renew")
+        await blocking(method, body.checkpoint_id, body.deadline_ts)
+        return RenewReply(checkpoint_id=body.checkpoint_id, deadline_ts=body.deadline_ts)
+
+    @router.post("/commit", response_model=CommitReply, summary="export once, manifest last")
+    async def commit(body: CommitRequest) -> CommitReply:
+        return await blocking(
+            participant.commit, body.checkpoint_id, target(body.store), body.deadline_ts, scope(body.scope)
+        )
+
+    @router.post("/restore", response_model=RestoreReply, summary="install a checkpoint as attempt N+1")
+    async def restore(body: RestoreRequest) -> RestoreReply:
+        return await blocking(
+            participant.restore,
+            body.checkpoint_id,
+            body.source_checkpoint_id,
+            target(body.store),
+            body.deadline_ts,
+            scope(body.scope),
+        )
+
+    @router.post("/resume", response_model=ResumeReply, summary="reopen admission (also the abort)")
+    async def resume(body: CheckpointRequest) -> ResumeReply:
+        return await blocking(participant.resume, body.checkpoint_id, body.deadline_ts)
+
+    @router.post("/retire", response_model=RetireReply, summary="tombstone attempts everywhere here")
+    async def retire(body: RetireRequest) -> RetireReply:
+        await blocking(participant.retire, list(body.executions), body.deadline_ts)
+        return RetireReply(retired=len(body.executions))
+
+    @router.post("/forget", response_model=ForgetReply, summary="drop tombstones of finished rollouts")
+    async def forget(body: ForgetRequest) -> ForgetReply:
+        await blocking(participant.forget, list(body.rollout_ids))
+        return ForgetReply(forgotten=len(body.rollout_ids))
+
+    return router
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every :class:`CheckpointError` an app's own routes raise (a stale attempt, closed
+    admission, an unknown session) in the control plane's error shape and statuses."""
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, CheckpointError)
+        return error_response(status_for(exc), exc.code, exc.message)
+
+    app.add_exception_handler(CheckpointError, handler)
+
+
+def install_participant(
+    app: FastAPI, participant: ParticipantControl, *, token: str, store: str | ObjectStore | None = None
+) -> None:
+    """Mount ``participant``'s control routes on ``app``."""
+    app.include_router(checkpoint_router(participant, token=token, store=store))
+
+
+def control_app(
+    participant: ParticipantControl, *, token: str, store: str | ObjectStore | None = None
+) -> FastAPI:
+    """A FastAPI app serving only the control routes (and its OpenAPI document)."""
+    caps = participant.capabilities()
+    app = FastAPI(title=f"rollout-checkpoint {caps.kind}/{caps.instance}", version="1")
+    install_participant(app, participant, token=token, store=store)
+    return app

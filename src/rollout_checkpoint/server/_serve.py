@@ -1,0 +1,291 @@
+"""Run a checkpointable server with one or several uvicorn worker processes.
+
+A server is described by a *build* function, ``"package.module:function"``, that takes a
+:class:`WorkerContext` and returns a :class:`ServedApp` (the FastAPI app and its participant).
+With one worker the participant is mounted directly. With ``workers > 1`` the main process
+runs a :class:`~rollout_checkpoint.server._workers.WorkerGroup` on a private Unix socket and
+uvicorn starts the workers; each worker builds its own app and participant, serves it on its
+own private socket (for the group and for forwarded sessions), registers with the group, and
+serves the shared port through a :class:`~rollout_checkpoint.server._routing.WorkerFrontend`.
+
+The control token comes from the ``ROLLOUT_CHECKPOINT_TOKEN`` environment variable in worker
+processes (it is never put on a command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import httpx
+import uvicorn
+from fastapi import APIRouter, FastAPI, Query, Security
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..control import Capabilities, ParticipantControl
+from ..errors import CheckpointError, UnknownExecutionError
+from ..ids import Identifier
+from ..store import ObjectStore, open_store
+from ..tokens import ObjectStoreTokenStore
+from ._client import RemoteParticipant
+from ._router import _route_class, _TokenCheck, checkpoint_router, install_participant
+from ._routing import OwnerSigner, Resolver, StampOwner, WorkerFrontend
+from ._tokens import token_store_app
+from ._wire import CHECKPOINT_ROUTE_PREFIX
+from ._workers import WorkerGroup
+
+__all__ = [
+    "TOKEN_ENV",
+    "ServedApp",
+    "WorkerContext",
+    "group_app",
+    "load_build",
+    "run_server",
+    "run_token_server",
+    "serve_thread",
+    "token_worker_app",
+    "worker_app",
+]
+
+TOKEN_ENV = "ROLLOUT_CHECKPOINT_TOKEN"
+_BUILD_ENV = "ROLLOUT_CHECKPOINT_WORKER_BUILD"
+_DIR_ENV = "ROLLOUT_CHECKPOINT_WORKER_DIR"
+_STORE_ENV = "ROLLOUT_CHECKPOINT_WORKER_STORE"
+_COUNT_ENV = "ROLLOUT_CHECKPOINT_WORKERS"
+_GROUP_SOCKET = "group.sock"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a build function learns about the process it builds for."""
+
+    worker_id: str
+    store: ObjectStore
+    workers: int
+
+
+@dataclass(frozen=True)
+class ServedApp:
+    """A build function's answer: the app to serve and the participant behind its control routes."""
+
+    app: FastAPI
+    participant: ParticipantControl
+
+
+Build = Callable[[WorkerContext], ServedApp]
+
+
+def load_build(spec: str) -> Build:
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"build must be 'package.module:function', got {spec!r}")
+    build: Build = getattr(importlib.import_module(module), name)
+    return build
+
+
+@contextlib.contextmanager
+def serve_thread(app: Any, *, uds: str, log_level: str = "warning") -> Iterator[uvicorn.Server]:
+    """Serve ``app`` on a Unix socket from a daemon thread (its own event loop)."""
+    server = uvicorn.Server(uvicorn.Config(app, uds=uds, log_level=log_level, lifespan="off"))
+    thread = threading.Thread(target=server.run, name=f"uds-{os.path.basename(uds)}", daemon=True)
+    thread.start()
+    end = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > end:
+            raise RuntimeError(f"the server on {uds} did not start")
+        thread.join(0.02)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+# -- the group (main process) ------------------------------------------------------------------------
+
+
+class _Register(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: Identifier
+    socket: str = Field(max_length=1024)
+    pid: int = Field(gt=0)
+    capabilities: Capabilities
+
+
+class _Address(BaseModel):
+    worker_id: str
+    socket: str
+    pid: int
+
+
+def group_app(group: WorkerGroup, *, token: str, store: str | ObjectStore) -> FastAPI:
+    """The group's private app: the control routes over the merged participant, plus the roster
+    routes the workers use (register, resolve an owner or a rollout)."""
+    check = _TokenCheck(token)
+    app = FastAPI(title="rollout-checkpoint worker group")
+    app.include_router(checkpoint_router(group, token=token, store=store))
+    roster = APIRouter(prefix="/workers", route_class=_route_class(check), dependencies=[Security(check)])
+
+    @roster.post("/register", response_model=list[_Address])
+    def register(body: _Register) -> list[_Address]:
+        group.register(body.worker_id, body.socket, body.pid, body.capabilities)
+        return [_Address(worker_id=w.worker_id, socket=w.socket, pid=w.pid) for w in group.workers()]
+
+    @roster.get("", response_model=list[_Address])
+    def workers() -> list[_Address]:
+        return [_Address(worker_id=w.worker_id, socket=w.socket, pid=w.pid) for w in group.workers()]
+
+    @roster.get("/resolve", response_model=_Address)
+    def resolve(
+        owner: Annotated[str | None, Query(max_length=256)] = None,
+        rollout: Annotated[str | None, Query(max_length=256)] = None,
+    ) -> _Address:
+        found = group.resolve_owner(owner) if owner else group.place_rollout(rollout) if rollout else None
+        if found is None:
+            raise UnknownExecutionError("no live worker holds that owner or rollout")
+        return _Address(worker_id=found.worker_id, socket=found.socket, pid=found.pid)
+
+    app.include_router(roster)
+    return app
+
+
+def run_server(
+    build: str,
+    *,
+    store: str,
+    host: str,
+    port: int,
+    token: str,
+    workers: int = 1,
+    log_level: str = "warning",
+    startup_timeout_s: float = 60.0,
+) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM). See the module docstring."""
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    target = open_store(store)
+    if workers == 1:
+        served = load_build(build)(WorkerContext("w0", target, 1))
+        install_participant(served.app, served.participant, token=token, store=target)
+        uvicorn.run(served.app, host=host, port=port, log_level=log_level)
+        return
+    directory = tempfile.mkdtemp(prefix="rc-workers-")
+    group = WorkerGroup(target, expected_workers=workers, token=token)
+    try:
+        with serve_thread(
+            group_app(group, token=token, store=target), uds=os.path.join(directory, _GROUP_SOCKET)
+        ):
+            os.environ.update(
+                {
+                    TOKEN_ENV: token,
+                    _BUILD_ENV: build,
+                    _DIR_ENV: directory,
+                    _STORE_ENV: target.url,
+                    _COUNT_ENV: str(workers),
+                }
+            )
+            uvicorn.run(
+                "rollout_checkpoint.server._serve:worker_app",
+                factory=True,
+                workers=workers,
+                host=host,
+                port=port,
+                log_level=log_level,
+                timeout_graceful_shutdown=5,
+            )
+    finally:
+        group.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def run_token_server(
+    store: str, *, host: str, port: int, token: str, workers: int = 1, log_level: str = "warning"
+) -> None:
+    """Serve the reference token store (``rollout-checkpoint serve tokens``). Its shards are
+    immutable and uniquely named on the object store, so worker processes need no group."""
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    if workers == 1:
+        app = token_store_app(ObjectStoreTokenStore(open_store(store)), token=token)
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+        return
+    os.environ.update({TOKEN_ENV: token, _STORE_ENV: open_store(store).url})
+    uvicorn.run(
+        "rollout_checkpoint.server._serve:token_worker_app",
+        factory=True,
+        workers=workers,
+        host=host,
+        port=port,
+        log_level=log_level,
+    )
+
+
+def token_worker_app() -> FastAPI:
+    """uvicorn's app factory for token-store worker processes."""
+    return token_store_app(
+        ObjectStoreTokenStore(open_store(os.environ[_STORE_ENV])), token=os.environ[TOKEN_ENV]
+    )
+
+
+# -- one worker process ---------------------------------------------------------------------------------
+
+
+_keep: list[Any] = []  # the private server's context manager lives as long as the worker
+
+
+def worker_app() -> WorkerFrontend:
+    """uvicorn's app factory in every worker process (configured through the environment)."""
+    token = os.environ[TOKEN_ENV]
+    directory = os.environ[_DIR_ENV]
+    store = open_store(os.environ[_STORE_ENV])
+    workers = int(os.environ[_COUNT_ENV])
+    worker_id = f"w{os.getpid()}"
+    served = load_build(os.environ[_BUILD_ENV])(WorkerContext(worker_id, store, workers))
+    caps = served.participant.capabilities()
+    signer = OwnerSigner(token, f"{caps.kind}/{caps.instance}")
+    # private socket: the worker's own participant (for the group) and forwarded sessions
+    served.app.include_router(checkpoint_router(served.participant, token=token))
+    socket = os.path.join(directory, f"{worker_id}.sock")
+    private = serve_thread(StampOwner(served.app, worker_id, signer), uds=socket)
+    private.__enter__()
+    _keep.append(private)
+    group_socket = os.path.join(directory, _GROUP_SOCKET)
+    _register(group_socket, token, worker_id, socket, caps)
+    group = RemoteParticipant("http://group", token=token, transport=httpx.HTTPTransport(uds=group_socket))
+    control = FastAPI()
+    control.include_router(checkpoint_router(group, token=token, store=store))
+    return WorkerFrontend(
+        served.app,
+        control,
+        control_prefix=CHECKPOINT_ROUTE_PREFIX,
+        worker_id=worker_id,
+        signer=signer,
+        resolver=Resolver(group_socket, token),
+    )
+
+
+def _register(group_socket: str, token: str, worker_id: str, socket: str, caps: Capabilities) -> None:
+    body = {
+        "worker_id": worker_id,
+        "socket": socket,
+        "pid": os.getpid(),
+        "capabilities": caps.model_dump(mode="json"),
+    }
+    with httpx.Client(
+        transport=httpx.HTTPTransport(uds=group_socket, retries=5),
+        base_url="http://group",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    ) as client:
+        response = client.post("/workers/register", json=body)
+    if response.status_code != 200:
+        raise CheckpointError(f"worker {worker_id} could not join its server's group: {response.text}")

@@ -1,0 +1,196 @@
+"""The wire format of the control routes: request and reply bodies, the error envelope, and
+the mapping between the SDK's error codes and HTTP statuses (shared by server and client).
+
+Every body forbids unknown fields, so a typo is a 422 naming the field instead of an
+option silently ignored. Deadlines are absolute epoch seconds (``deadline_ts``, NeMo Gym's
+name), finite and at most :data:`MAX_DEADLINE_HORIZON_S` ahead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from ..errors import (
+    CheckpointError,
+    IntegrityError,
+    InvalidIdentifierError,
+    InvalidRecordError,
+    TransientStoreError,
+    UnsupportedSchemaError,
+)
+from ..ids import ExecutionId, Identifier
+
+__all__ = [
+    "CHECKPOINT_ROUTE_PREFIX",
+    "MAX_DEADLINE_HORIZON_S",
+    "CheckpointRequest",
+    "CommitRequest",
+    "ErrorBody",
+    "ErrorReply",
+    "ForgetReply",
+    "ForgetRequest",
+    "ParticipantUnreachableError",
+    "RemoteParticipantError",
+    "RenewReply",
+    "RestoreRequest",
+    "RetireReply",
+    "RetireRequest",
+    "StoreMismatchError",
+    "UnauthorizedError",
+    "UnsupportedOperationError",
+    "error_from_wire",
+    "status_for",
+]
+
+CHECKPOINT_ROUTE_PREFIX = "/ng-control/v1/checkpoint"
+"""NeMo Gym's prefix of the bearer-protected checkpoint control routes."""
+
+MAX_DEADLINE_HORIZON_S = 7 * 24 * 3600.0
+"""A deadline further ahead than this is refused (422): no checkpoint legitimately waits a
+week, and an unbounded one would overflow the lease timer."""
+
+UNAUTHORIZED = "unauthorized"
+INVALID_REQUEST = "invalid_request"
+INTERNAL_ERROR = "internal_error"
+
+
+class UnauthorizedError(CheckpointError):
+    """The control token was missing or wrong (HTTP 401); nothing was applied."""
+
+    code = UNAUTHORIZED
+
+
+class StoreMismatchError(CheckpointError):
+    """The request names a store other than the one this server writes to."""
+
+    code = "store_mismatch"
+
+
+class UnsupportedOperationError(CheckpointError):
+    """The participant behind this server does not implement the operation."""
+
+    code = "unsupported_operation"
+
+
+class ParticipantUnreachableError(CheckpointError):
+    """A remote participant gave no answer (connection refused, timeouts, 5xx) after retries."""
+
+    code = "participant_unreachable"
+
+
+class RemoteParticipantError(CheckpointError):
+    """A remote participant answered with an error code this client does not know."""
+
+    code = "remote_error"
+
+
+def _in_horizon(value: float) -> float:
+    if value > time.time() + MAX_DEADLINE_HORIZON_S:
+        raise ValueError(f"deadline_ts is more than {MAX_DEADLINE_HORIZON_S:.0f} s ahead")
+    return value
+
+
+Deadline = Annotated[
+    float,
+    Field(gt=0, allow_inf_nan=False, strict=True, description="absolute deadline, epoch seconds"),
+    AfterValidator(_in_horizon),
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckpointRequest(_Body):
+    """``prepare``, ``renew`` and ``resume``: the checkpoint id and its absolute deadline."""
+
+    checkpoint_id: Identifier
+    deadline_ts: Deadline
+
+
+class CommitRequest(CheckpointRequest):
+    store: str | None = Field(
+        default=None, max_length=4096, description="store URL; must be the server's own store if it has one"
+    )
+    scope: list[ExecutionId] | None = Field(
+        default=None, description="executions the coordinator continues (default: all)"
+    )
+
+
+class RestoreRequest(CommitRequest):
+    source_checkpoint_id: Identifier
+
+
+class RetireRequest(_Body):
+    executions: list[ExecutionId] = Field(min_length=1)
+    deadline_ts: Deadline
+
+
+class ForgetRequest(_Body):
+    rollout_ids: list[Identifier]
+
+
+class RenewReply(_Body):
+    checkpoint_id: Identifier
+    deadline_ts: float
+
+
+class RetireReply(_Body):
+    retired: int = Field(ge=0)
+
+
+class ForgetReply(_Body):
+    forgotten: int = Field(ge=0)
+
+
+class ErrorBody(_Body):
+    code: str
+    detail: str
+
+
+class ErrorReply(_Body):
+    """Every refusal: ``{"error": {"code", "detail"}}`` with the SDK's stable ``code``."""
+
+    error: ErrorBody
+
+
+_UNPROCESSABLE: tuple[type[CheckpointError], ...] = (
+    InvalidIdentifierError,
+    InvalidRecordError,
+    IntegrityError,
+    UnsupportedSchemaError,
+)
+
+
+def status_for(error: CheckpointError) -> int:
+    """HTTP status of an SDK error: 422 for bad input or bad stored state, 503 for a transient
+    store failure (worth retrying), 409 for every protocol refusal (NeMo Gym's statuses)."""
+    if isinstance(error, _UNPROCESSABLE):
+        return 422
+    if isinstance(error, TransientStoreError):
+        return 503
+    return 409
+
+
+def _codes() -> dict[str, type[CheckpointError]]:
+    found: dict[str, type[CheckpointError]] = {}
+    pending: list[type[CheckpointError]] = [CheckpointError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def error_from_wire(code: str, detail: str, **details: Any) -> CheckpointError:
+    """The typed SDK error for an error body (an unknown code becomes :class:`RemoteParticipantError`)."""
+    cls = _codes().get(code)
+    if cls is None:
+        return RemoteParticipantError(detail, remote_code=code, **details)
+    try:
+        return cls(detail, **details)
+    except TypeError:
+        return RemoteParticipantError(detail, remote_code=code, **details)

@@ -1,0 +1,460 @@
+"""One participant for a server with several worker processes (NeMo Gym's participant workers).
+
+A :class:`WorkerGroup` runs in the server's main process and is what the coordinator talks to;
+every worker process holds its own in-process participant and registers with the group. Each
+operation reaches every worker and the answers are merged:
+
+* ``prepare``: ready when every worker is ready; blockers united (named by worker), counts
+  summed. A worker that is missing (fewer registered than expected) or dead (unreachable) fails
+  the prepare, and a dead one leaves the roster so its replacement can join;
+* ``commit``: every worker commits into its own staging area; the group verifies each staged
+  archive and writes ONE component archive with all their records, the merged ``extra`` and
+  ``session_owners`` (which worker held which execution), then drops the staging;
+* ``restore``: the executions of one pre-crash owner go to one live worker, owners spread
+  evenly (fewest executions, then fewest owners); each worker restores its share from the merged
+  archive, every other worker fences attempt N of it; old owners are aliased to their new
+  workers so routed requests find the restored state;
+* ``resume``, ``renew``, ``retire``, ``forget``: reach every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+
+from .. import layout
+from ..archive import ArchiveReader, ArchiveWriter
+from ..control import (
+    Capabilities,
+    CommitReply,
+    ParticipantStatus,
+    Phase,
+    PrepareReport,
+    RestoreReply,
+    ResumeReply,
+)
+from ..errors import (
+    CheckpointError,
+    IntegrityError,
+    InvalidPhaseError,
+    StaleCheckpointError,
+)
+from ..ids import ExecutionId, validate_id
+from ..store import ObjectStore, open_store
+from ._client import RemoteParticipant
+from ._merge import assign_owners, execution_key, merge_extra, session_owners, unique_effects
+from ._wire import ParticipantUnreachableError
+
+__all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STAGING_PREFIX = "_workers"
+"""Worker commits are staged in ``<store>/_workers/<worker_id>/`` (a store of its own, at the
+usual component keys) and deleted once the group wrote the merged archive (readers never look
+there)."""
+
+_BLOCKERS_REPORTED = 100
+RESUMED_IDS_KEPT = 1024
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    socket: str
+    pid: int
+    client: RemoteParticipant
+
+
+class WorkerGroup:
+    """The participant of a multi-worker server; see the module docstring."""
+
+    def __init__(
+        self,
+        store: str | ObjectStore,
+        *,
+        expected_workers: int,
+        token: str,
+        call_attempts: int = 2,
+    ) -> None:
+        if expected_workers < 1:
+            raise ValueError("expected_workers must be >= 1")
+        self.store = open_store(store)
+        self.expected_workers = expected_workers
+        self._token = token
+        self._call_attempts = call_attempts
+        self._lock = threading.Condition()
+        self._roster: dict[str, WorkerInfo] = {}
+        self._capabilities: Capabilities | None = None
+        self._commits: dict[str, CommitReply] = {}
+        self._resumed: OrderedDict[str, None] = OrderedDict()  # the last RESUMED_IDS_KEPT ids
+        self._aliases: dict[str, str] = {}
+        self._rollouts: dict[str, str] = {}
+        self._staging_stores: dict[str, ObjectStore] = {}
+        self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.store.url!r}, workers={len(self._roster)}/{self.expected_workers})"
+
+    # -- the roster ---------------------------------------------------------------------------
+    def register(self, worker_id: str, socket: str, pid: int, capabilities: Capabilities) -> None:
+        """A worker process joins (its private control socket, its participant's capabilities)."""
+        validate_id(worker_id, "worker_id")
+        caps = capabilities.model_copy(update={"topology": "coordinated_workers"})
+        self.prune()
+        with self._lock:
+            if self._capabilities is not None and caps != self._capabilities:
+                raise InvalidPhaseError(
+                    f"worker {worker_id} declares {caps.kind}/{caps.instance} ({caps.mode}); the group is "
+                    f"{self._capabilities.kind}/{self._capabilities.instance} ({self._capabilities.mode})"
+                )
+            self._capabilities = caps
+            transport = httpx.HTTPTransport(uds=socket)
+            client = RemoteParticipant(
+                f"http://{worker_id}",
+                token=self._token,
+                transport=transport,
+                attempts=self._call_attempts,
+                capabilities=capabilities,
+            )
+            old = self._roster.pop(worker_id, None)
+            if old is not None:
+                old.client.close()
+            self._roster[worker_id] = WorkerInfo(worker_id, socket, pid, client)
+            self._lock.notify_all()
+        log.info("worker %s (pid %d) joined: %d/%d", worker_id, pid, len(self._roster), self.expected_workers)
+
+    def prune(self) -> list[str]:
+        """Drop workers whose process is gone (they are this process's children, so a dead one
+        has been reaped by uvicorn's supervisor before it starts the replacement)."""
+        dead = []
+        for worker in self.workers():
+            try:
+                os.kill(worker.pid, 0)
+            except ProcessLookupError:
+                dead.append(worker.worker_id)
+                self._drop(worker)
+            except PermissionError:  # alive, but not ours to signal
+                pass
+        return dead
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._lock:
+            return sorted(self._roster.values(), key=lambda w: w.worker_id)
+
+    def wait_for_workers(self, timeout: float) -> bool:
+        """Block until every expected worker registered (startup)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: len(self._roster) >= self.expected_workers, timeout)
+
+    def resolve_owner(self, owner: str) -> WorkerInfo | None:
+        """The live worker holding what ``owner`` held (itself, or its restore alias)."""
+        with self._lock:
+            target = self._aliases.get(owner, owner)
+            return self._roster.get(target)
+
+    def place_rollout(self, rollout_id: str) -> WorkerInfo | None:
+        """The worker that holds ``rollout_id``'s state: where a restore or an earlier request
+        placed it if that worker lives, else the live worker with the fewest rollouts (so
+        sessions spread over the workers instead of piling onto whichever accepts first)."""
+        validate_id(rollout_id, "rollout_id")
+        with self._lock:
+            placed = self._rollouts.get(rollout_id)
+            if placed is not None and placed in self._roster:
+                return self._roster[placed]
+            if not self._roster:
+                return None
+            load = Counter(w for w in self._rollouts.values() if w in self._roster)
+            target = min(self._roster, key=lambda w: (load[w], w))
+            self._rollouts[rollout_id] = target
+            return self._roster[target]
+
+    def _drop(self, worker: WorkerInfo) -> None:
+        with self._lock:
+            if self._roster.get(worker.worker_id) is worker:
+                del self._roster[worker.worker_id]
+                self._gone.append(worker.worker_id)
+                log.warning("worker %s (pid %d) is gone; it left the roster", worker.worker_id, worker.pid)
+        worker.client.close()
+
+    def _each(
+        self, call: Callable[[WorkerInfo], T], workers: Sequence[WorkerInfo] | None = None
+    ) -> dict[str, T]:
+        """``call`` on every worker concurrently; a worker that cannot be reached is dropped from
+        the roster and the first failure (by worker id) is raised after all calls ended."""
+        chosen = list(workers) if workers is not None else self.workers()
+        if not chosen:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="worker-group") as pool:
+            futures = {w.worker_id: pool.submit(call, w) for w in chosen}
+            wait(list(futures.values()))
+        failures: list[BaseException] = []
+        for worker in chosen:
+            error = futures[worker.worker_id].exception()
+            if error is None:
+                continue
+            if isinstance(error, ParticipantUnreachableError):
+                self._drop(worker)
+            failures.append(error)
+        if failures:
+            raise failures[0]
+        return {wid: f.result() for wid, f in futures.items()}
+
+    # -- ParticipantControl ---------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        with self._lock:
+            if self._capabilities is None:
+                raise ParticipantUnreachableError("no worker has registered with this server yet")
+            return self._capabilities
+
+    def status(self) -> ParticipantStatus:
+        statuses = self._each(lambda w: w.client.status())
+        caps = self.capabilities()
+        if not statuses:
+            return ParticipantStatus(
+                capabilities=caps, phase=Phase.IDLE, accepting=False, live=0, tombstones=0, workers=0
+            )
+        phases = {s.phase for s in statuses.values()}
+        ids = {s.checkpoint_id for s in statuses.values() if s.checkpoint_id is not None}
+        return ParticipantStatus(
+            capabilities=caps,
+            phase=phases.pop() if len(phases) == 1 else Phase.PREPARING,
+            checkpoint_id=min(ids) if ids else None,
+            accepting=all(s.accepting for s in statuses.values()),
+            live=sum(s.live for s in statuses.values()),
+            tombstones=max(s.tombstones for s in statuses.values()),
+            workers=len(statuses),
+        )
+
+    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+        validate_id(checkpoint_id, "checkpoint_id")
+        self.prune()
+        workers = self.workers()
+        missing = self.expected_workers - len(workers)
+        reports = self._each(lambda w: w.client.prepare(checkpoint_id, deadline), workers)
+        blockers = [f"{wid}: {b}" for wid in sorted(reports) for b in reports[wid].blockers]
+        count = sum(r.blocker_count for r in reports.values())
+        if missing > 0:
+            with self._lock:
+                gone = ", ".join(self._gone) or "none registered yet"
+            blockers.insert(0, f"{missing} of {self.expected_workers} workers missing (gone: {gone})")
+            count += missing
+        counts: dict[str, int] = {"workers": len(reports)}
+        for report in reports.values():
+            for name, value in report.counts.items():
+                counts[name] = counts.get(name, 0) + value
+        ready = missing <= 0 and all(r.ready for r in reports.values())
+        restarts = sorted({e for r in reports.values() for e in r.restarts}, key=execution_key)
+        return PrepareReport(
+            checkpoint_id=checkpoint_id,
+            phase=Phase.PREPARED if ready else Phase.PREPARING,
+            ready=ready,
+            blockers=tuple(blockers[:_BLOCKERS_REPORTED]),
+            blocker_count=count,
+            counts=counts,
+            restarts=tuple(restarts),
+        )
+
+    def renew(self, checkpoint_id: str, deadline: float) -> None:
+        self._each(lambda w: w.client.renew(checkpoint_id, deadline))
+
+    def commit(
+        self,
+        checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+    ) -> CommitReply:
+        validate_id(checkpoint_id, "checkpoint_id")
+        target = open_store(store)
+        with self._lock:
+            cached = self._commits.get(checkpoint_id)
+            if cached is not None:
+                return cached
+        workers = self.workers()
+        if len(workers) < self.expected_workers:
+            raise InvalidPhaseError(
+                f"commit {checkpoint_id}: {self.expected_workers - len(workers)} of {self.expected_workers} "
+                "workers missing"
+            )
+        staging = {w.worker_id: f"{target.url}/{STAGING_PREFIX}/{w.worker_id}" for w in workers}
+        replies = self._each(
+            lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
+        )
+        caps = self.capabilities()
+        prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
+        readers = {
+            wid: ArchiveReader.open(
+                self._staging(staging[wid]), prefix, expected_sha256=reply.manifest_sha256
+            )
+            for wid, reply in replies.items()
+        }
+        extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
+        writer = ArchiveWriter(
+            target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
+        )
+        try:
+            for wid in sorted(readers):
+                # every shard's digest is checked before its rows; the count closes the set
+                read = 0
+                for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
+                    refs = None if raw.refs is None else json.loads(raw.refs)
+                    writer.write_raw(
+                        raw.kind,
+                        raw.rollout_id,
+                        raw.attempt,
+                        raw.key,
+                        raw.payload,
+                        raw.revision,
+                        refs,
+                        schema_version=raw.schema_version,
+                    )
+                    read += 1
+                expected = sum(readers[wid].manifest.record_counts.values())
+                if read != expected:
+                    raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
+            with self._lock:
+                if checkpoint_id in self._resumed:
+                    raise StaleCheckpointError(
+                        f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
+                        checkpoint_id=checkpoint_id,
+                    )
+                writer.commit(extra=extra)
+        except BaseException:
+            writer.abort()
+            raise
+        ref = writer.manifest_ref
+        reply = CommitReply(
+            checkpoint_id=checkpoint_id,
+            phase=Phase.COMMITTED,
+            kind=caps.kind,
+            instance=caps.instance,
+            manifest_key=ref.key,
+            manifest_sha256=ref.sha256,
+            manifest_bytes=ref.bytes,
+            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
+            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
+            unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
+        )
+        with self._lock:
+            self._commits[checkpoint_id] = reply
+        for url in staging.values():
+            _drop_staging(self._staging(url), checkpoint_id)
+        return reply
+
+    def _staging(self, url: str) -> ObjectStore:
+        """A worker's staging store, opened once (an S3 store builds a client when opened)."""
+        with self._lock:
+            opened = self._staging_stores.get(url)
+            if opened is None:
+                opened = self._staging_stores[url] = open_store(url)
+            return opened
+
+    def restore(
+        self,
+        checkpoint_id: str,
+        source_checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+    ) -> RestoreReply:
+        validate_id(checkpoint_id, "checkpoint_id")
+        source = open_store(store)
+        workers = self.workers()
+        if len(workers) < self.expected_workers:
+            raise InvalidPhaseError(
+                f"restore {checkpoint_id}: {self.expected_workers - len(workers)} of "
+                f"{self.expected_workers} workers missing"
+            )
+        caps = self.capabilities()
+        manifest = ArchiveReader.open(
+            source, layout.component_prefix(source_checkpoint_id, caps.kind, caps.instance)
+        ).manifest
+        owners = session_owners(manifest.extra.get("session_owners"))
+        wanted = set(scope) if scope is not None else {e for es in owners.values() for e in es}
+        by_owner: dict[str, list[ExecutionId]] = {}
+        for owner, executions in owners.items():
+            mine = [e for e in executions if e in wanted]
+            if mine:
+                by_owner[owner] = mine
+        owned = {e for es in by_owner.values() for e in es}
+        # in scope but owned by no worker (a checkpoint from a single-process server): one each
+        for execution in sorted(wanted - owned, key=execution_key):
+            by_owner.setdefault(f"unowned-{execution.rollout_id}", []).append(execution)
+        placement = assign_owners(by_owner, [w.worker_id for w in workers])
+        shares: dict[str, list[ExecutionId]] = {w.worker_id: [] for w in workers}
+        for owner, target in placement.items():
+            shares[target].extend(by_owner[owner])
+        replies = self._each(
+            lambda w: w.client.restore(
+                checkpoint_id,
+                source_checkpoint_id,
+                source,
+                deadline,
+                sorted(shares[w.worker_id], key=execution_key),
+            ),
+            workers,
+        )
+        # every worker refuses attempt N of what another worker now holds as N+1
+        others = {w.worker_id: sorted(wanted - set(shares[w.worker_id]), key=execution_key) for w in workers}
+        self._each(lambda w: w.client.retire(others[w.worker_id], deadline), workers)
+        restored = sorted({e for r in replies.values() for e in r.restored}, key=execution_key)
+        with self._lock:
+            self._aliases.update({owner: target for owner, target in placement.items()})
+            for target, executions in shares.items():
+                for execution in executions:
+                    self._rollouts[execution.rollout_id] = target
+        return RestoreReply(
+            checkpoint_id=checkpoint_id,
+            source_checkpoint_id=source_checkpoint_id,
+            phase=Phase.RESTORED,
+            restored=tuple(restored),
+        )
+
+    def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
+        validate_id(checkpoint_id, "checkpoint_id")
+        with self._lock:  # decided under the lock commit publishes under: before or after, never both
+            self._resumed[checkpoint_id] = None
+            while len(self._resumed) > RESUMED_IDS_KEPT:
+                self._resumed.popitem(last=False)
+            self._commits.pop(checkpoint_id, None)
+        replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
+        return ResumeReply(
+            checkpoint_id=checkpoint_id,
+            phase=Phase.IDLE,
+            idempotent=all(r.idempotent for r in replies.values()),
+        )
+
+    def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
+        batch = list(executions)
+        self._each(lambda w: w.client.retire(batch, deadline))
+
+    def forget(self, rollout_ids: Sequence[str]) -> None:
+        ids = list(rollout_ids)
+        self._each(lambda w: w.client.forget(ids))
+        with self._lock:
+            for rollout_id in ids:
+                self._rollouts.pop(rollout_id, None)
+
+    def close(self) -> None:
+        for worker in self.workers():
+            worker.client.close()
+
+
+def _drop_staging(staging: ObjectStore, checkpoint_id: str) -> None:
+    """Best effort: a staged worker archive is garbage once the merged one exists."""
+    with contextlib.suppress(CheckpointError, OSError):
+        for info in staging.list(layout.checkpoint_prefix(checkpoint_id) + "/"):
+            staging.delete(info.key)

@@ -1,0 +1,24 @@
+"""Run a server from a build function, as a real process: python _serve_main.py BUILD STORE PORT WORKERS.
+
+The token comes from ROLLOUT_CHECKPOINT_TOKEN."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from rollout_checkpoint.server._serve import TOKEN_ENV, run_server
+
+if __name__ == "__main__":
+    build, store, port, workers = sys.argv[1:5]
+    run_server(
+        build,
+        store=store,
+        host="127.0.0.1",
+        port=int(port),
+        token=os.environ[TOKEN_ENV],
+        workers=int(workers),
+    )
