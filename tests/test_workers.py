@@ -99,7 +99,11 @@ def server(store: Path, workers: int = 2) -> Iterator[Server]:
 
 def _boundary(rollout_id: str, revision: int) -> AgentBoundaryRecord:
     return AgentBoundaryRecord(
-        rollout_id=rollout_id, attempt=0, boundary_index=1, turn_index=1, resource_revisions={"s": revision}
+        rollout_id=rollout_id,
+        attempt=0,
+        boundary_index=1,
+        turn_index=1,
+        resource_revisions={"counter-0": {"s": revision}},
     )
 
 
