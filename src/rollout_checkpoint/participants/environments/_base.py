@@ -12,7 +12,15 @@ from ...control import CheckpointMode
 from ..codecs import StateCodec
 from ..resources import ResourcesParticipant
 
-__all__ = ["MASK64", "Environment", "canonical_json", "make_participant", "splitmix64", "strict_json"]
+__all__ = [
+    "MASK64",
+    "CheckedJsonCodec",
+    "Environment",
+    "canonical_json",
+    "make_participant",
+    "splitmix64",
+    "strict_json",
+]
 
 MASK64 = (1 << 64) - 1
 
@@ -39,6 +47,27 @@ def strict_json(data: bytes, keys: frozenset[str]) -> dict[str, Any]:
     if set(value) != keys:
         raise ValueError(f"state keys {sorted(value)} are not {sorted(keys)}")
     return value
+
+
+class CheckedJsonCodec:
+    """A state codec: canonical JSON of an object with exactly ``keys``, checked both ways by
+    the subclass's ``check`` (which raises ``ValueError`` for a malformed state)."""
+
+    name: str
+    keys: frozenset[str]
+
+    @staticmethod
+    def check(state: Any) -> None:
+        raise NotImplementedError
+
+    def encode(self, state: Any) -> bytes:
+        self.check(state)
+        return canonical_json(state)
+
+    def decode(self, data: bytes) -> Any:
+        state = strict_json(data, self.keys)
+        self.check(state)
+        return state
 
 
 @runtime_checkable

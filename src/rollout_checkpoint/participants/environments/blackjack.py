@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from ...control import CheckpointMode
-from ._base import MASK64, canonical_json, splitmix64, strict_json
+from ._base import MASK64, CheckedJsonCodec, splitmix64
 
 __all__ = ["BlackjackCodec", "BlackjackEnvironment"]
 
@@ -44,19 +44,12 @@ def _shuffled(rng: int) -> tuple[list[int], int]:
     return deck, rng
 
 
-class BlackjackCodec:
+class BlackjackCodec(CheckedJsonCodec):
     """Canonical JSON of a Blackjack state; decode checks every field and the card multiset."""
 
     name = "blackjack-v1"
-
-    def encode(self, state: Any) -> bytes:
-        _check(state)
-        return canonical_json(state)
-
-    def decode(self, data: bytes) -> Any:
-        state = strict_json(data, _KEYS)
-        _check(state)
-        return state
+    keys = _KEYS
+    check = staticmethod(lambda state: _check(state))
 
 
 def _check(state: Any) -> None:

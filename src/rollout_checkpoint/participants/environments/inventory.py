@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from ...control import CheckpointMode
-from ._base import canonical_json, splitmix64, strict_json
+from ._base import CheckedJsonCodec, splitmix64
 
 __all__ = ["ITEMS", "InventoryCodec", "InventoryEnvironment"]
 
@@ -21,19 +21,12 @@ ITEMS: tuple[str, ...] = ("apples", "bolts", "cables")
 _KEYS = frozenset({"items", "target", "capacity", "ops", "rejected", "max_ops", "done"})
 
 
-class InventoryCodec:
+class InventoryCodec(CheckedJsonCodec):
     """Canonical JSON of an inventory state; decode checks counts, capacity and the revision."""
 
     name = "inventory-v1"
-
-    def encode(self, state: Any) -> bytes:
-        _check(state)
-        return canonical_json(state)
-
-    def decode(self, data: bytes) -> Any:
-        state = strict_json(data, _KEYS)
-        _check(state)
-        return state
+    keys = _KEYS
+    check = staticmethod(lambda state: _check(state))
 
 
 def _count(value: Any) -> bool:
