@@ -1,6 +1,7 @@
 """Checkpoint pause over HTTP against the number of concurrent rollouts, 2 workers per server.
 
-    python benchmarks/demo_scale.py [--rollouts 100 1000 5000] [--runs 3] [--stores local s3] [--json]
+    python benchmarks/demo_scale.py [--rollouts 100 1000 5000] [--runs 3] [--stores local s3]
+        [--s3-trace] [--json]
 
 For every store and N: an agent, a policy-model and a resources server (``_scale_servers.py``,
 each ``run_server(..., workers=2)``: a worker group over two uvicorn worker processes, real
@@ -9,7 +10,9 @@ this process drives them with ``RemoteParticipant`` and takes ``--runs`` checkpo
 pause (first prepare to last resume) p50 and max, the checkpoint's bytes, and the same N
 in-process (the same participants and state in this process, no HTTP) as the baseline measured
 in the same run. ``s3`` runs against a moto server started here on 127.0.0.1 (or
-``AWS_ENDPOINT_URL``). With ``--json`` the last line printed is one JSON object.
+``AWS_ENDPOINT_URL``). ``--s3-trace`` runs moto with a request log (``_moto_trace.py``) and
+adds, per checkpoint, its S3 requests and how long moto was busy. With ``--json`` the last line
+printed is one JSON object.
 """
 
 from __future__ import annotations

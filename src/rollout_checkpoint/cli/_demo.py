@@ -44,8 +44,9 @@ def demo_command(
         typer.Option(
             "--kill",
             metavar="SERVER",
-            help="SIGKILL this process mid-run (model, agent, resources, tokens, coordinator; default "
-            "model, 'none' for no crash); repeat for a second crash right after the restart.",
+            help="SIGKILL this process mid-run and restart only it (model, agent, resources, tokens, "
+            "coordinator; default model, 'none' for no crash); repeat for a second crash while the "
+            "coordinator restores (every server then restarts).",
         ),
     ] = None,
     checkpoint_every: Annotated[
