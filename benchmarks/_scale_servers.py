@@ -98,18 +98,30 @@ def _app(participant: object, populate: object) -> FastAPI:
     return app
 
 
+def warm_store(context: WorkerContext) -> None:
+    """Pay the store's first-use costs (S3: the client session and the conditional-put probe,
+    cached per process) when the worker starts, not inside the first checkpoint's pause; the
+    reference servers do the same."""
+    probe = getattr(context.store, "probe_conditional_writes", None)
+    if callable(probe):
+        probe()
+
+
 def build_agent(context: WorkerContext) -> ServedApp:
+    warm_store(context)
     agent = AgentParticipant("agent-0")
     return ServedApp(app=_app(agent, lambda ids: populate_agent(agent, ids)), participant=agent)
 
 
 def build_model(context: WorkerContext) -> ServedApp:
+    warm_store(context)
     tokens = ObjectStoreTokenStore(context.store)
     model = PolicyModelParticipant(tokens, "policy-0")
     return ServedApp(app=_app(model, lambda ids: populate_model(model, tokens, ids)), participant=model)
 
 
 def build_resources(context: WorkerContext) -> ServedApp:
+    warm_store(context)
     resources = ResourcesParticipant("resources-0", mode="exported")
     return ServedApp(
         app=_app(resources, lambda ids: populate_resources(resources, ids)), participant=resources

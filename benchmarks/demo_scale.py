@@ -1,6 +1,7 @@
 """Checkpoint pause over HTTP against the number of concurrent rollouts, 2 workers per server.
 
-    python benchmarks/demo_scale.py [--rollouts 100 1000 5000] [--runs 3] [--stores local s3] [--json]
+    python benchmarks/demo_scale.py [--rollouts 100 1000 5000] [--runs 3] [--stores local s3]
+        [--s3-trace] [--json]
 
 For every store and N: an agent, a policy-model and a resources server (``_scale_servers.py``,
 each ``run_server(..., workers=2)``: a worker group over two uvicorn worker processes, real
@@ -9,7 +10,9 @@ this process drives them with ``RemoteParticipant`` and takes ``--runs`` checkpo
 pause (first prepare to last resume) p50 and max, the checkpoint's bytes, and the same N
 in-process (the same participants and state in this process, no HTTP) as the baseline measured
 in the same run. ``s3`` runs against a moto server started here on 127.0.0.1 (or
-``AWS_ENDPOINT_URL``). With ``--json`` the last line printed is one JSON object.
+``AWS_ENDPOINT_URL``). ``--s3-trace`` runs moto with a request log (``_moto_trace.py``) and
+adds, per checkpoint, its S3 requests and how long moto was busy. With ``--json`` the last line
+printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, median, peak_rss_mb
+from _moto_trace import read as read_trace
+from _moto_trace import summarize
 from _scale_servers import populate_agent, populate_model, populate_resources
-from rollout_checkpoint.coordinator import Coordinator
+from rollout_checkpoint.coordinator import CheckpointOutcome, Coordinator
 from rollout_checkpoint.layout import checkpoint_prefix
 from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
 from rollout_checkpoint.registry import LiveExecutionRegistry
@@ -125,18 +130,29 @@ def run_http(url: str, n: int, runs: int, workers: int, env: dict[str, str]) -> 
         setup = time.perf_counter() - started
         remotes = [RemoteParticipant(urls[k], token=TOKEN) for k in KINDS]
         coordinator = Coordinator(store, remotes, _registry(ids), ObjectStoreTokenStore(store))
-        outcomes = [coordinator.checkpoint(deadline_s=600) for _ in range(runs)]
+        outcomes, windows = _timed(coordinator, runs)
         for remote in remotes:
             remote.close()
     assert all(o.clean for o in outcomes)
     pauses = [o.pause_seconds for o in outcomes]
     return {
+        "windows": windows,
         "setup_s": setup,
         "pause_ms_p50": median(pauses) * 1000,
         "pause_ms_max": max(pauses) * 1000,
         "checkpoint_bytes": _checkpoint_bytes(store, outcomes[-1].checkpoint_id),
         "timings_ms": {k: v * 1000 for k, v in outcomes[-1].timings.items()},
     }
+
+
+def _timed(coordinator: Coordinator, runs: int) -> tuple[list[CheckpointOutcome], list[tuple[float, float]]]:
+    """``runs`` checkpoints and the wall-clock window of each (to cut an S3 trace by)."""
+    outcomes, windows = [], []
+    for _ in range(runs):
+        started = time.time()
+        outcomes.append(coordinator.checkpoint(deadline_s=600))
+        windows.append((started, time.time()))
+    return outcomes, windows
 
 
 def run_inprocess(url: str, n: int, runs: int) -> dict[str, Any]:
@@ -150,11 +166,12 @@ def run_inprocess(url: str, n: int, runs: int) -> dict[str, Any]:
     populate_model(model, tokens, ids)
     populate_resources(resources, ids)
     coordinator = Coordinator(store, [agent, model, resources], _registry(ids), tokens)
-    outcomes = [coordinator.checkpoint(deadline_s=600) for _ in range(runs)]
+    outcomes, windows = _timed(coordinator, runs)
     for participant in (agent, model, resources):
         participant.close()
     pauses = [o.pause_seconds for o in outcomes]
     return {
+        "windows": windows,
         "pause_ms_p50": median(pauses) * 1000,
         "pause_ms_max": max(pauses) * 1000,
         "checkpoint_bytes": _checkpoint_bytes(store, outcomes[-1].checkpoint_id),
@@ -162,17 +179,18 @@ def run_inprocess(url: str, n: int, runs: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _s3_endpoint() -> Iterator[str]:
+def _s3_endpoint(trace: Path | None = None) -> Iterator[str]:
     given = os.environ.get("AWS_ENDPOINT_URL")
-    if given:
+    if given and trace is None:
         yield given
         return
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    command = (
+        [sys.executable, str(HERE / "_moto_trace.py"), str(port), str(trace)]
+        if trace is not None
+        else [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     )
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     try:
         end = time.monotonic() + 60
@@ -196,13 +214,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--stores", nargs="+", choices=["local", "s3"], default=["local", "s3"])
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument(
+        "--s3-trace",
+        action="store_true",
+        help="run moto with a request trace and report, per checkpoint, S3 requests, busy and summed time",
+    )
     args = parser.parse_args(argv)
     results: list[dict[str, Any]] = []
     for kind in args.stores:
         with contextlib.ExitStack() as stack:
             env: dict[str, str] = {}
             if kind == "s3":
-                endpoint = stack.enter_context(_s3_endpoint())
+                trace = None
+                if args.s3_trace:
+                    trace = Path(tempfile.mkdtemp(prefix="demo-scale-trace-")) / "s3.jsonl"
+                endpoint = stack.enter_context(_s3_endpoint(trace))
                 env = {
                     "AWS_ENDPOINT_URL": endpoint,
                     "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
@@ -229,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
                     "in_process": local,
                     "http_over_in_process_p50": http["pause_ms_p50"] / local["pause_ms_p50"],
                 }
+                if kind == "s3" and args.s3_trace:
+                    lines = read_trace(trace)  # type: ignore[arg-type]
+                    for side in (http, local):
+                        side["s3"] = [summarize(lines, lo, hi) for lo, hi in side["windows"]]
+                for side in (http, local):
+                    del side["windows"]
                 results.append(row)
                 if not args.json:
                     print(
@@ -237,6 +269,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"| checkpoint {http['checkpoint_bytes']:,} B",
                         flush=True,
                     )
+                    for name, side in (("HTTP", http), ("in-process", local)):
+                        for i, trace_row in enumerate(side.get("s3", [])):
+                            print(
+                                f"      {name} checkpoint {i}: {trace_row['requests']} S3 requests, "
+                                f"S3 busy {trace_row['s3_busy_ms']:.0f} ms, "
+                                f"summed {trace_row['s3_summed_ms']:.0f} ms",
+                                flush=True,
+                            )
     for kind in args.stores:
         rows = [r for r in results if r["store"] == kind]
         for row in rows:

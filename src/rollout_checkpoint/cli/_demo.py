@@ -44,8 +44,9 @@ def demo_command(
         typer.Option(
             "--kill",
             metavar="SERVER",
-            help="SIGKILL this process mid-run (model, agent, resources, tokens, coordinator; default "
-            "model, 'none' for no crash); repeat for a second crash right after the restart.",
+            help="SIGKILL this process mid-run and restart only it (model, agent, resources, tokens, "
+            "coordinator; default model, 'none' for no crash); repeat for a second crash while the "
+            "coordinator restores (every server then restarts).",
         ),
     ] = None,
     checkpoint_every: Annotated[
@@ -77,8 +78,16 @@ def demo_command(
     if in_process and kill:
         console.print(styled(("error", "red"), ": --kill needs server processes; drop --in-process"))
         raise typer.Exit(2)
-    if accept_unsafe_store and not in_process:
-        console.print(styled(("error", "red"), ": --accept-unsafe-store needs --in-process"))
+    if accept_unsafe_store and not in_process and directory.lower().startswith(("s3://", "s3a://")):
+        # on S3 every conditional put probes the endpoint, the servers' included, and a server
+        # opens its store from the URL alone: it cannot take the flag
+        console.print(
+            styled(
+                ("error", "red"),
+                ": --accept-unsafe-store on s3:// needs --in-process (the reference servers probe "
+                "the endpoint themselves and cannot skip the probe)",
+            )
+        )
         raise typer.Exit(2)
     extra: dict[str, Any] = {}
     try:
@@ -103,6 +112,7 @@ def demo_command(
                 checkpoint_every=checkpoint_every,
                 workers=workers,
                 skip_restore=skip_restore,
+                accept_unsafe_store=accept_unsafe_store,
                 progress=console.print,
             )
     except CheckpointError as exc:
@@ -110,7 +120,13 @@ def demo_command(
     summary = report.to_json()
     summary["url"] = store.url
     summary["mode"] = "in_process" if in_process else "processes"
-    summary.update({k: v for k, v in extra.items() if k in ("killed", "restarts", "restore_refused")})
+    summary.update(
+        {
+            k: v
+            for k, v in extra.items()
+            if k in ("killed", "restarts", "restarted", "full_restarts", "restore_refused")
+        }
+    )
     if as_json:
         print(json.dumps(summary))
     else:

@@ -2,16 +2,16 @@
 
 :func:`run_cluster_demo` starts the token store, the policy model, the agent and one resources
 server per reference environment (``rollout-checkpoint serve KIND``, see :mod:`._servers`) and a
-coordinator process (:func:`coordinator_main`) that dispatches the rollouts to the agent server,
-hands finished ones off in its registry and checkpoints every ``checkpoint_every`` seconds.
-With ``kill``, once a checkpoint is published and rollouts are still running, that process is
-SIGKILLed. Restore installs state into participants that hold none, so the demo then restarts
-every process (what died, and the others, whose live state a restore replaces); the new
-coordinator aborts any checkpoint left open, restores the latest published checkpoint, resumes
-and dispatches what remains (continued rollouts as attempt N+1 from their boundary, fresh ones
-from their input). The same seed is then run uninterrupted in-process, and the final states and
-rewards are compared. Progress goes through a JSON state file the coordinator rewrites
-atomically; the token travels only in the environment of the processes.
+coordinator process (:mod:`._cluster_coordinator`) that dispatches the rollouts to the agent
+server, hands finished ones off in its registry and checkpoints every ``checkpoint_every`` s.
+With ``kill``, once a checkpoint is published and rollouts are still running, this parent (the
+supervisor) announces the kill in a control file, SIGKILLs that process and restarts only it;
+the coordinator (the surviving one, or the replacement when the coordinator died) then restores
+the latest published checkpoint into the survivors plus the replacement, resumes and finishes.
+Only when a crash interrupts a restore before its next checkpoint does every server restart
+(the coordinator asks with :data:`FRESH_EXIT`). The same seed is then run uninterrupted
+in-process, and the final states and rewards are compared. The token travels only in the
+environment of the processes.
 """
 
 from __future__ import annotations
@@ -34,26 +34,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import JsonValue
 
-from ..coordinator import Coordinator
 from ..errors import CheckpointError
 from ..ids import ExecutionId
 from ..participants.environments import reference_environments
 from ..published import list_published
-from ..recovery import load_checkpoint
-from ..registry import LiveExecutionRegistry
-from ..server import CHECKPOINT_ROUTE_PREFIX, TOKEN_ENV, RemoteParticipant, RemoteTokenStore
-from ..store import ObjectStore, open_store
+from ..server import CHECKPOINT_ROUTE_PREFIX, TOKEN_ENV
+from ..store import ObjectStore
+from ._cluster_coordinator import FRESH_EXIT, MAX_TOKENS, read_json, write_json
 from ._run import DemoReport, _join, _threads
 from ._workload import DemoWorld, Ledger, RolloutSpec, rollout_specs
 
-__all__ = ["KILLABLE", "coordinator_main", "run_cluster_demo"]
+__all__ = ["KILLABLE", "run_cluster_demo"]
 
 KILLABLE = ("model", "agent", "resources", "tokens", "coordinator")
 Progress = Callable[[str], None]
 _ENV_PREFIX = "ROLLOUT_CHECKPOINT_DEMO_"
-_MAX_TOKENS = 12
 
 
 def _free_port() -> int:
@@ -76,158 +72,6 @@ def _wait_port_free(port: int, timeout: float = 30.0) -> None:
                         f"port {port} is still taken {timeout:.0f} s after its server died"
                     ) from None
         time.sleep(0.05)
-
-
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-# -- the coordinator process ----------------------------------------------------------------------
-
-
-def _latest_of_run(store: ObjectStore, rollout_ids: set[str]) -> str | None:
-    """The newest published checkpoint of this run (an earlier run may share the store)."""
-    for published in list_published(store):  # newest first
-        if published.record is None:
-            continue
-        plan = load_checkpoint(store, published.checkpoint_id)
-        if set(plan.rollouts) <= rollout_ids:
-            return published.checkpoint_id
-    return None
-
-
-class _State:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.value = _read_json(path) or {"results": {}, "pauses_ms": [], "checkpoints": [], "restores": []}
-
-    def save(self) -> None:
-        _write_json(self.path, self.value)
-
-
-def coordinator_main(config_path: str) -> int:
-    """The coordinator process: restore the latest checkpoint if there is one, dispatch, hand off,
-    checkpoint periodically, exit 0 once every rollout handed off a result."""
-    config = json.loads(Path(config_path).read_text())
-    token = os.environ[TOKEN_ENV]
-    store = open_store(config["store"])
-    urls: dict[str, str] = config["urls"]
-    state = _State(Path(config["state"]))
-    remotes = [RemoteParticipant(urls[name], token=token) for name in config["participants"]]
-    registry = LiveExecutionRegistry()
-    coordinator = Coordinator(store, remotes, registry, RemoteTokenStore(urls["tokens"], token=token))
-    specs = {s["rollout_id"]: s for s in config["specs"]}
-    modes = {env.name: env.mode for env in reference_environments()}
-    agent = httpx.Client(base_url=urls["agent"], timeout=120)
-    running: dict[str, ExecutionId] = {}
-
-    def dispatch(execution: ExecutionId) -> None:
-        spec = specs[execution.rollout_id]
-        response = agent.post(
-            f"/ng-rollout/{execution.rollout_id}/run",
-            json={
-                "attempt": execution.attempt,
-                "env": spec["env"],
-                "seed": spec["seed"],
-                "turns": spec["turns"],
-                "max_tokens": _MAX_TOKENS,
-                "restart_only": modes[spec["env"]] == "restart_only",
-            },
-        )
-        if response.status_code >= 300:
-            raise CheckpointError(f"{execution}: the agent refused the run: {response.text}")
-        running[execution.rollout_id] = execution
-
-    latest = _latest_of_run(store, set(specs)) if config.get("restore") else None
-    if latest is not None:
-        for remote in remotes:  # a checkpoint the dead coordinator left open is aborted
-            active = remote.status().checkpoint_id
-            if active is not None:
-                remote.resume(active, time.time() + 60)
-        skip = config.get("skip")
-        if skip:  # the negative control: restore without one kind, which must be refused
-            kept = [r for r in remotes if r.capabilities().kind != skip]
-            coordinator = Coordinator(store, kept, registry, RemoteTokenStore(urls["tokens"], token=token))
-        try:
-            restored = coordinator.restore(latest, deadline_s=120)
-        except CheckpointError as exc:
-            state.value.setdefault("errors", []).append(f"restore refused ({exc.code}): {exc.message}")
-            state.value["restore_refused"] = exc.code
-            state.save()
-            return 2
-        coordinator.resume(restored.restore_id)
-        plan = restored.plan
-        state.value["restores"].append(
-            {
-                "checkpoint_id": plan.checkpoint_id,
-                "restore_id": restored.restore_id,
-                **plan.counts(),
-                "fresh_reasons": sorted({p.reason for p in plan.fresh}),
-            }
-        )
-        for rollout_id, entry in plan.rollouts.items():
-            if entry.disposition == "completed":
-                info = registry.get(rollout_id)
-                if info.result is not None:
-                    state.value["results"][rollout_id] = info.result.result
-                continue
-            nxt = entry.execution.next_attempt()
-            if entry.disposition == "fresh_dispatch":
-                registry.start(nxt)
-            dispatch(nxt)
-    else:
-        for rollout_id, spec in specs.items():
-            execution = registry.dispatch(
-                rollout_id, input_digest=spec["digest"], restart_only=modes[spec["env"]] == "restart_only"
-            )
-            registry.start(execution)
-            dispatch(execution)
-    state.save()
-    every = float(config["checkpoint_every"])
-    next_checkpoint = time.monotonic() + every
-    while running:
-        for rollout_id, execution in list(running.items()):
-            result = agent.get(
-                f"/ng-rollout/{rollout_id}/result", params={"attempt": execution.attempt}
-            ).json()
-            if result.get("status") == "done":
-                outcome: dict[str, JsonValue] = {
-                    "summary": result["summary"],
-                    "reward": result["reward"],
-                    "cuts_continued": result.get("cuts_continued", 0),
-                    "restored_turn": result.get("restored_turn"),
-                    "first_turn": result.get("first_turn"),
-                }
-                registry.finish(execution)
-                registry.hand_off(execution, outcome, reward=float(result["reward"]))
-                state.value["results"][rollout_id] = outcome
-                del running[rollout_id]
-            elif result.get("status") in ("failed", "unknown"):
-                state.value.setdefault("errors", []).append(f"{execution}: {result.get('error', result)}")
-                state.save()
-                return 1
-        if running and time.monotonic() >= next_checkpoint:
-            outcome_ = coordinator.checkpoint(deadline_s=120)
-            state.value["pauses_ms"].append(outcome_.pause_seconds * 1000)
-            state.value["checkpoints"].append(outcome_.checkpoint_id)
-            counts = load_checkpoint(store, outcome_.checkpoint_id).counts()
-            state.value["continuable"] = int(counts.get("continue", 0))
-            next_checkpoint = time.monotonic() + every
-        state.save()
-        time.sleep(0.05)
-    state.value["done"] = True
-    state.save()
-    return 0
 
 
 # -- the parent: processes, kills, restarts, the report ---------------------------------------------
@@ -264,7 +108,7 @@ class _Cluster:
             else [
                 sys.executable,
                 "-c",
-                "import sys; from rollout_checkpoint.demo._cluster import coordinator_main; "
+                "import sys; from rollout_checkpoint.demo._cluster_coordinator import coordinator_main; "
                 "sys.exit(coordinator_main(sys.argv[1]))",
                 *args,
             ],
@@ -275,9 +119,11 @@ class _Cluster:
         )
         log.close()
 
-    def start_servers(self) -> None:
+    def start_servers(self, names: Sequence[str] | None = None) -> None:
+        """Start these servers (default all) and wait until each answers with all its workers."""
+        chosen = list(self.names if names is None else names)
         # the token store first: the model server asks it for its name when it starts
-        for group in (["tokens"], [n for n in self.names if n != "tokens"]):
+        for group in ([n for n in chosen if n == "tokens"], [n for n in chosen if n != "tokens"]):
             for name in group:
                 self._start_server(name)
             for name in group:
@@ -302,7 +148,9 @@ class _Cluster:
                 raise CheckpointError(f"the {name} server exited; see {self.workdir / (name + '.log')}")
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 response = httpx.get(
-                    f"{self.urls[name]}{path}", headers={"Authorization": f"Bearer {self.token}"}
+                    f"{self.urls[name]}{path}",
+                    headers={"Authorization": f"Bearer {self.token}"},
+                    trust_env=False,
                 )
                 if response.status_code == 200 and (
                     name == "tokens" or response.json().get("workers") == expect
@@ -326,6 +174,9 @@ class _Cluster:
         for name in list(self.procs):
             self.kill(name)
 
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}
+
 
 def _uninterrupted(specs: list[RolloutSpec], seed: int, token_delay: float, timeout: float) -> dict[str, Any]:
     from ..store import MemoryStore
@@ -347,9 +198,20 @@ def _uninterrupted(specs: list[RolloutSpec], seed: int, token_delay: float, time
         world.registry.start(execution)
         jobs.append((spec, execution, None))
     errors: list[str] = []
-    _join(_threads(world, jobs, ledger, errors, max_tokens=_MAX_TOKENS), timeout)
+    _join(_threads(world, jobs, ledger, errors, max_tokens=MAX_TOKENS), timeout)
     world.close()
     return dict(ledger.results)
+
+
+def _preflight(store: ObjectStore, *, accept_unsafe_store: bool) -> None:
+    """Refuse a store the run could not publish to before any process starts (one typed error,
+    nothing left running): conditional puts must be atomic there (an S3 endpoint is probed)
+    unless the risk is accepted, and the store must take a write."""
+    store.require_atomic_commits(accept_risk=accept_unsafe_store)
+    key = f"demo-preflight/{uuid.uuid4().hex}"
+    store.put(key, b"")
+    store.delete(key)
+    store.remove_empty_folders("demo-preflight/")
 
 
 def run_cluster_demo(
@@ -363,19 +225,26 @@ def run_cluster_demo(
     workers: int = 2,
     token_delay: float = 0.05,
     skip_restore: str | None = None,
+    accept_unsafe_store: bool = False,
     progress: Progress | None = None,
     timeout: float = 600.0,
+    workdir: Path | None = None,
 ) -> tuple[DemoReport, dict[str, Any]]:
-    """Run the multi-process demo; returns the report and extra figures (pause p50/max...)."""
+    """Run the multi-process demo; returns the report and extra figures (pause p50/max, which
+    processes restarted...). ``workdir`` holds the logs, the config and the state file (default:
+    a new temporary directory)."""
     kills = [kill] if isinstance(kill, str) else list(kill or [])
     if skip_restore is not None and not kills:
         kills = ["coordinator"]  # a restore needs a crash: the coordinator's is the smallest
     for name in kills:
         if name not in KILLABLE:
             raise ValueError(f"kill takes one of {', '.join(KILLABLE)}, not {name!r}")
+    _preflight(store, accept_unsafe_store=accept_unsafe_store)
     say = progress or (lambda _line: None)
     report = DemoReport(rollouts=rollouts, turns=turns, seed=seed)
-    workdir = Path(tempfile.mkdtemp(prefix="rollout-checkpoint-demo-"))
+    if workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="rollout-checkpoint-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     cluster = _Cluster(
         store.url,
         workdir,
@@ -387,64 +256,100 @@ def run_cluster_demo(
     specs = rollout_specs(rollouts, turns, seed, cluster.envs, prefix=f"run{uuid.uuid4().hex[:8]}")
     config = workdir / "config.json"
     state_path = workdir / "state.json"
-    _write_json(
-        config,
-        {
-            "store": store.url,
-            "urls": cluster.urls,
-            "participants": ["model", "agent", *cluster.envs],
-            "specs": [{**asdict(s), "digest": s.digest} for s in specs],
-            "checkpoint_every": checkpoint_every,
-            "state": str(state_path),
-            "skip": skip_restore,
-            "restore": False,
-        },
-    )
-    extra: dict[str, Any] = {"killed": [], "restarts": 0, "workdir": str(workdir)}
+    control = workdir / "control.json"
+    settings: dict[str, Any] = {
+        "store": store.url,
+        "urls": cluster.urls,
+        "participants": ["model", "agent", *cluster.envs],
+        "specs": [{**asdict(s), "digest": s.digest} for s in specs],
+        "checkpoint_every": checkpoint_every,
+        "state": str(state_path),
+        "control": str(control),
+        "skip": skip_restore,
+        "restore": False,
+        "fresh": False,
+        "accept_unsafe_store": accept_unsafe_store,
+    }
+    write_json(config, settings)
+    announced = {"killed": 0, "restarted": 0}
+    write_json(control, announced)
+    extra: dict[str, Any] = {"killed": [], "restarts": 0, "restarted": [], "full_restarts": 0}
+    extra["workdir"] = str(workdir)
     end = time.monotonic() + timeout
+    step = iter(range(1, 1000))
     try:
         cluster.start_servers()
         cluster.start_coordinator(config)
+        extra["pids_start"] = cluster.pids()
         say(
-            f"1. {len(cluster.names)} servers ({', '.join(cluster.names)}; {workers} workers for the agent "
-            f"and each environment) and a coordinator running {rollouts} rollouts, checkpoint every "
-            f"{checkpoint_every:g} s"
+            f"{next(step)}. {len(cluster.names)} servers ({', '.join(cluster.names)}; {workers} workers "
+            f"for the agent and each environment) and a coordinator running {rollouts} rollouts, "
+            f"checkpoint every {checkpoint_every:g} s"
         )
         for round_, name in enumerate(kills):
             victim = cluster.envs[0] if name == "resources" else name
             if round_ == 0:  # mid-run: once a checkpoint lets at least half the rollouts continue
                 while time.monotonic() < end:
-                    state = _read_json(state_path)
+                    state = read_json(state_path)
                     if 2 * int(state.get("continuable", 0)) >= rollouts:
                         break
                     if state.get("done") or cluster.procs["coordinator"].poll() is not None:
                         break
                     time.sleep(0.05)
-            # a later kill comes right after the restart, before the replacement got going
+            else:  # a later crash comes while the coordinator restores, before the run goes on
+                while time.monotonic() < end and cluster.procs["coordinator"].poll() is None:
+                    if read_json(state_path).get("restoring"):
+                        break
+                    time.sleep(0.01)
+            if cluster.procs["coordinator"].poll() is not None:
+                break  # finished (or failed) before the crash: nothing to kill any more
+            announced["killed"] += 1  # before the kill: every symptom the coordinator sees is after it
+            write_json(control, announced)
             cluster.kill(victim)
             extra["killed"].append(victim)
             published = len(list_published(store))
-            say(
-                f"{2 + 2 * round_}. SIGKILLed the {victim} process ({published} checkpoints published so far)"
-            )
-            cluster.kill_all()  # restore installs into participants without live state: all restart
-            settings = _read_json(config)
-            settings["restore"] = True  # from now on the coordinator starts from this run's checkpoint
-            _write_json(config, settings)
-            cluster.start_servers()
-            cluster.start_coordinator(config)
+            say(f"{next(step)}. SIGKILLed the {victim} process ({published} checkpoints published so far)")
+            if victim == "coordinator":
+                settings["restore"] = True  # the replacement starts from this run's latest checkpoint
+                write_json(config, settings)
+                cluster.start_coordinator(config)
+            else:
+                cluster.start_servers([victim])
+            announced["restarted"] += 1
+            write_json(control, announced)
             extra["restarts"] += 1
-            say(f"{3 + 2 * round_}. restarted every process; the coordinator restores the latest checkpoint")
-        coordinator = cluster.procs["coordinator"]
-        while coordinator.poll() is None and time.monotonic() < end:
-            time.sleep(0.1)
-        if coordinator.poll() is None:
+            extra["restarted"].append([victim])
+            say(
+                f"{next(step)}. restarted the {victim} process only; the "
+                + ("new" if victim == "coordinator" else "surviving")
+                + " coordinator restores the latest checkpoint into survivors and replacement"
+            )
+        while time.monotonic() < end:
+            status = cluster.procs["coordinator"].poll()
+            if status is None:
+                time.sleep(0.1)
+            elif status == FRESH_EXIT and extra["full_restarts"] < 2:
+                # a crash interrupted a restore: the survivors may hold the restored attempts
+                cluster.kill_all()
+                settings.update(restore=True, fresh=True)
+                write_json(config, settings)
+                cluster.start_servers()
+                cluster.start_coordinator(config)
+                extra["full_restarts"] += 1
+                extra["restarted"].append([*cluster.names, "coordinator"])
+                say(f"{next(step)}. the crash interrupted a restore: restarted every process")
+            else:
+                break
+        status = cluster.procs["coordinator"].poll()
+        if status is None:
             report.errors.append(f"the run did not finish in {timeout:.0f} s")
-        elif coordinator.returncode != 0:
-            report.errors.append(f"the coordinator exited with {coordinator.returncode}; see {workdir}")
+        elif status != 0:
+            report.errors.append(f"the coordinator exited with {status}; see {workdir}")
+        extra["pids_end"] = cluster.pids()
     finally:
         cluster.kill_all()
-    state = _read_json(state_path)
+    state = read_json(state_path)
+    extra["full_restart_reasons"] = state.get("full_restart_reasons", [])
     report.errors.extend(state.get("errors", []))
     results: dict[str, Any] = state.get("results", {})
     pauses = [float(p) for p in state.get("pauses_ms", [])]
@@ -470,7 +375,7 @@ def run_cluster_demo(
     report.pause_ms_max = report.pause_ms
     report.pause_ms_p50 = round(statistics.median(pauses), 3) if pauses else 0.0
     extra["restore_refused"] = state.get("restore_refused")
-    say(f"{2 + 2 * len(kills)}. {report.completed}/{rollouts} results, {len(pauses)} checkpoints")
+    say(f"{next(step)}. {report.completed}/{rollouts} results, {len(pauses)} checkpoints")
     expected = _uninterrupted(specs, seed, token_delay, timeout)
     final = {k: {"summary": v["summary"], "reward": v["reward"]} for k, v in results.items()}
     report.mismatched = sorted(
@@ -478,7 +383,7 @@ def run_cluster_demo(
     )
     report.matches_uninterrupted = not report.mismatched and len(expected) == rollouts
     say(
-        f"{3 + 2 * len(kills)}. same seed uninterrupted (in-process): final environment states and rewards "
+        f"{next(step)}. same seed uninterrupted (in-process): final environment states and rewards "
         + ("match" if report.matches_uninterrupted else "DIFFER for " + ", ".join(report.mismatched))
     )
     return report, extra

@@ -41,7 +41,7 @@ from ..server import (
 )
 from ..tokens import ObjectStoreTokenStore
 
-__all__ = ["build_agent", "build_model", "build_resources", "settings"]
+__all__ = ["build_agent", "build_model", "build_resources", "settings", "warm_store"]
 
 PREFIX = "ROLLOUT_CHECKPOINT_DEMO_"
 SESSION = "env"
@@ -94,8 +94,18 @@ def _tokens(context: WorkerContext) -> ObjectStoreTokenStore | RemoteTokenStore:
     return ObjectStoreTokenStore(context.store)
 
 
+def warm_store(context: WorkerContext) -> None:
+    """Pay the store's first-use costs when the worker starts, not inside the first checkpoint's
+    pause: on S3, the client session and the conditional-put probe (cached per process; an
+    endpoint that cannot be reached fails the start, with the store error)."""
+    probe = getattr(context.store, "probe_conditional_writes", None)
+    if callable(probe):
+        probe()
+
+
 def build_model(context: WorkerContext) -> ServedApp:
     """The policy model over the deterministic fake generation backend."""
+    warm_store(context)
     conf = settings()
     tokens = _tokens(context)
     backend = FakeGenerationBackend(
@@ -147,6 +157,7 @@ def build_model(context: WorkerContext) -> ServedApp:
 
 def build_resources(context: WorkerContext) -> ServedApp:
     """One reference environment (``..._ENV``, default blackjack) behind a resources participant."""
+    warm_store(context)
     name = settings().get("env", "blackjack")
     envs = {env.name: env for env in reference_environments()}
     if name not in envs:
@@ -235,6 +246,7 @@ def _agent_state(obs: list[int], actions: list[int], reward: float) -> bytes:
 def build_agent(context: WorkerContext) -> ServedApp:
     """The agent: ``POST /ng-rollout/<id>/run`` runs a rollout (multi-turn: the policy model for
     tokens, the environment's resources server for each action) in a thread; ``GET .../result``."""
+    warm_store(context)
     conf = settings()
     model_url = conf.get("model_url", "")
     resources_urls: dict[str, str] = json.loads(conf.get("resources_urls", "{}"))
