@@ -9,7 +9,10 @@ operation reaches every worker and the answers are merged:
   the prepare, and a dead one leaves the roster so its replacement can join;
 * ``commit``: every worker commits into its own staging area; the group verifies each staged
   archive and writes ONE component archive with all their records, the merged ``extra`` and
-  ``session_owners`` (which worker held which execution), then drops the staging;
+  ``session_owners`` (which worker held which execution), then drops the staging. With
+  ``publication="async"`` every worker freezes first (the group answers ``frozen`` once all
+  have), and the collection of the staged uploads and the merge run on a background thread
+  (``collect`` waits for it);
 * ``restore``: the executions of one pre-crash owner go to one live worker, owners spread
   evenly (fewest executions, then fewest owners); each worker restores its share from the merged
   archive, every other worker fences attempt N of it; old owners are aliased to their new
@@ -24,25 +27,29 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import httpx
 
 from .. import layout
-from ..archive import ArchiveReader, ArchiveWriter
+from ..archive import ArchiveReader, ArchiveWriter, ManifestRef
 from ..control import (
     Capabilities,
     CommitReply,
     ParticipantStatus,
     Phase,
     PrepareReport,
+    Publication,
     RestoreReply,
     ResumeReply,
 )
+from ..control_plane._publication import Upload, Uploads
 from ..errors import (
     CheckpointError,
     IntegrityError,
@@ -104,6 +111,7 @@ class WorkerGroup:
         self._rollouts: dict[str, str] = {}
         self._staging_stores: dict[str, ObjectStore] = {}
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
+        self._uploads = Uploads("worker-group", time.time)
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.store.url!r}, workers={len(self._roster)}/{self.expected_workers})"
@@ -235,6 +243,7 @@ class WorkerGroup:
             accepting=all(s.accepting for s in statuses.values()),
             live=sum(s.live for s in statuses.values()),
             tombstones=max(s.tombstones for s in statuses.values()),
+            uploading=self._uploads.running(),
             workers=len(statuses),
         )
 
@@ -276,13 +285,21 @@ class WorkerGroup:
         store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
+        *,
+        publication: Publication = "sync",
     ) -> CommitReply:
         validate_id(checkpoint_id, "checkpoint_id")
         target = open_store(store)
         with self._lock:
             cached = self._commits.get(checkpoint_id)
-            if cached is not None:
-                return cached
+        if cached is not None:
+            if (cached.phase is Phase.FROZEN) != (publication == "async"):
+                raise InvalidPhaseError(
+                    f"commit {checkpoint_id}: already {cached.phase.value} by a commit of the other "
+                    "publication mode",
+                    phase=cached.phase.value,
+                )
+            return cached
         workers = self.workers()
         if len(workers) < self.expected_workers:
             raise InvalidPhaseError(
@@ -290,9 +307,77 @@ class WorkerGroup:
                 "workers missing"
             )
         staging = {w.worker_id: f"{target.url}/{STAGING_PREFIX}/{w.worker_id}" for w in workers}
-        replies = self._each(
-            lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
+        if publication == "sync":
+            replies = self._each(
+                lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
+            )
+            reply = self._merge(
+                checkpoint_id, target, staging, replies, partial(self._not_resumed, checkpoint_id), self._lock
+            )
+            with self._lock:
+                self._commits[checkpoint_id] = reply
+            return reply
+        # asynchronous: every worker freezes (all of them before the coordinator resumes any);
+        # the group collects their staged uploads and merges them in the background
+        self._uploads.wait_others(checkpoint_id, deadline)
+        frozen = self._each(
+            lambda w: w.client.commit(
+                checkpoint_id, staging[w.worker_id], deadline, scope, publication="async"
+            ),
+            workers,
         )
+        reply = self._reply(checkpoint_id, Phase.FROZEN, None, frozen)
+
+        def upload(fence: Upload) -> CommitReply:
+            staged = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers)
+            return self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
+
+        with self._lock:
+            self._commits[checkpoint_id] = reply
+            self._uploads.start(checkpoint_id, 0, deadline, upload)
+        return reply
+
+    def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
+        """Wait (until ``deadline``) for the group's background upload: every worker's staged
+        archive collected and merged into the one component archive."""
+        validate_id(checkpoint_id, "checkpoint_id")
+        return self._uploads.collect(checkpoint_id, deadline)
+
+    def _not_resumed(self, checkpoint_id: str) -> None:
+        if checkpoint_id in self._resumed:
+            raise StaleCheckpointError(
+                f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
+                checkpoint_id=checkpoint_id,
+            )
+
+    def _reply(
+        self, checkpoint_id: str, phase: Phase, ref: ManifestRef | None, replies: dict[str, CommitReply]
+    ) -> CommitReply:
+        caps = self.capabilities()
+        return CommitReply(
+            checkpoint_id=checkpoint_id,
+            phase=phase,
+            kind=caps.kind,
+            instance=caps.instance,
+            manifest_key=None if ref is None else ref.key,
+            manifest_sha256=None if ref is None else ref.sha256,
+            manifest_bytes=None if ref is None else ref.bytes,
+            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
+            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
+            unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
+        )
+
+    def _merge(
+        self,
+        checkpoint_id: str,
+        target: ObjectStore,
+        staging: dict[str, str],
+        replies: dict[str, CommitReply],
+        fence: Callable[[], None],
+        lock: threading.Condition,
+    ) -> CommitReply:
+        """Verify every worker's staged archive and write ONE component archive of all their
+        records; ``fence`` decides (under ``lock``) whether the manifest may be written."""
         caps = self.capabilities()
         prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
         readers = {
@@ -325,31 +410,13 @@ class WorkerGroup:
                 expected = sum(readers[wid].manifest.record_counts.values())
                 if read != expected:
                     raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
-            with self._lock:
-                if checkpoint_id in self._resumed:
-                    raise StaleCheckpointError(
-                        f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
-                        checkpoint_id=checkpoint_id,
-                    )
+            with lock:
+                fence()
                 writer.commit(extra=extra)
         except BaseException:
             writer.abort()
             raise
-        ref = writer.manifest_ref
-        reply = CommitReply(
-            checkpoint_id=checkpoint_id,
-            phase=Phase.COMMITTED,
-            kind=caps.kind,
-            instance=caps.instance,
-            manifest_key=ref.key,
-            manifest_sha256=ref.sha256,
-            manifest_bytes=ref.bytes,
-            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
-            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
-            unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
-        )
-        with self._lock:
-            self._commits[checkpoint_id] = reply
+        reply = self._reply(checkpoint_id, Phase.COMMITTED, writer.manifest_ref, replies)
         for url in staging.values():
             _drop_staging(self._staging(url), checkpoint_id)
         return reply
