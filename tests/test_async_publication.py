@@ -519,3 +519,75 @@ def test_a_participant_without_async_support_is_refused_before_anything(dep: Dep
         coordinator.checkpoint_async()
     assert dep.all_open() and _published(dep.store) == []
     assert coordinator.checkpoint().clean  # sync still works
+
+
+# -- the wire: the commit's publication field and the collect route ---------------------------------
+
+
+def test_the_wire_freezes_collects_and_refuses_with_stable_codes() -> None:
+    import httpx
+
+    from _http import served
+    from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant, control_app
+
+    store = _fresh_store()
+    agent = SlowAgent()
+    agent.release.set()
+    auth = {"Authorization": "Bearer tok-wire"}
+    with served(control_app(agent, token="tok-wire", store=store)) as url:
+        remote = RemoteParticipant(url, token="tok-wire")
+        deadline = time.time() + 60
+        body: dict[str, Any] = {"checkpoint_id": "ck-w", "deadline_ts": deadline, "publication": "later"}
+        bad = httpx.post(f"{url}{CHECKPOINT_ROUTE_PREFIX}/commit", json=body, headers=auth)
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
+        unauthorized = httpx.post(f"{url}{CHECKPOINT_ROUTE_PREFIX}/collect", json=body)
+        assert unauthorized.status_code == 401
+        remote.prepare("ck-w", deadline)
+        frozen = remote.commit("ck-w", store, deadline, publication="async")
+        assert frozen.phase is Phase.FROZEN and frozen.manifest_key is None
+        assert remote.status().phase is Phase.FROZEN
+        remote.resume("ck-w", deadline)
+        committed = remote.collect("ck-w", deadline)
+        assert committed.phase is Phase.COMMITTED and remote.collect("ck-w", deadline) == committed
+        assert len(_manifests(store, "ck-w")) == 1
+        with pytest.raises(PublicationUnknownError):
+            remote.collect("ck-other", deadline)
+        unknown = httpx.post(
+            f"{url}{CHECKPOINT_ROUTE_PREFIX}/collect",
+            json={"checkpoint_id": "ck-other", "deadline_ts": deadline},
+            headers=auth,
+        )
+        assert unknown.status_code == 409 and unknown.json()["error"]["code"] == "publication_unknown"
+        remote.close()
+    agent.close()
+
+
+def test_a_sync_only_participant_behind_the_router_refuses_async() -> None:
+    import httpx
+
+    from _http import served
+    from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, control_app
+
+    class SyncOnly:
+        def __init__(self, inner: ScriptedParticipant) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "collect":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    agent = _agent_with_record()
+    proxy: Any = SyncOnly(agent)
+    with served(control_app(proxy, token="tok-wire", store=_fresh_store())) as url:
+        auth = {"Authorization": "Bearer tok-wire"}
+        body = {"checkpoint_id": "ck-s", "deadline_ts": time.time() + 60}
+        refused = httpx.post(f"{url}{CHECKPOINT_ROUTE_PREFIX}/collect", json=body, headers=auth)
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "unsupported_operation"
+    agent.close()
+
+
+def _agent_with_record() -> ScriptedParticipant:
+    agent = SlowAgent()
+    agent.release.set()
+    return agent
