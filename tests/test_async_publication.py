@@ -420,18 +420,34 @@ def test_lease_expiry_before_the_resume_cancels_the_upload() -> None:
     clock = Clock()
     store = _fresh_store()
     agent = SlowAgent(clock, grace=5.0)
+    agent.release.set()
     agent.prepare("ck-lost", clock.now + 10)
     agent.commit("ck-lost", store, clock.now + 10, publication="async")
-    assert agent.reached.wait(30)
+    assert agent.status().uploading == ("ck-lost",)  # registered, waiting for the resume
     clock.now += 16  # past the lease (deadline + grace): the coordinator vanished before resuming
     status = agent.status()
     assert status.phase is Phase.IDLE and status.accepting and agent.events["lease_expired"] == 1
-    clock.now -= 10  # back before the commit deadline: only the cancel can stop the upload
-    agent.release.set()
+    assert status.uploading == ()
     with pytest.raises(PublicationFailedError) as info:
         agent.collect("ck-lost", clock.now + 30)
     assert info.value.details["cause"] == "stale_checkpoint"
-    assert _manifests(store, "ck-lost") == []
+    assert not agent.reached.is_set()  # the upload never started: nothing was encoded or written
+    assert store.list(layout.checkpoint_prefix("ck-lost") + "/") == []
+    agent.close()
+
+
+def test_collect_alone_never_starts_the_upload() -> None:
+    """The upload starts only at the resume: collect alone waits (until its deadline)."""
+    store = _fresh_store()
+    agent = SlowAgent()
+    agent.release.set()
+    agent.prepare("ck-wait", time.time() + 60)
+    agent.commit("ck-wait", store, time.time() + 60, publication="async")
+    with pytest.raises(DeadlineExceededError):
+        agent.collect("ck-wait", time.time() + 0.2)
+    assert not agent.reached.is_set() and agent.phase is Phase.FROZEN
+    agent.resume("ck-wait", time.time() + 60)
+    assert agent.collect("ck-wait", time.time() + 30).phase is Phase.COMMITTED
     agent.close()
 
 

@@ -98,7 +98,7 @@ class Participant(AdmissionGate, abc.ABC):
         cached reply, or adopts a manifest that the lost try already wrote with the same content.
 
         ``publication="async"`` freezes the export and answers ``frozen`` at once; the archive
-        is written by a background upload that outlives the resume (:meth:`collect`). Either
+        is written by a background upload that the resume starts (:meth:`collect`). Either
         mode first waits (until ``deadline``) for a previous checkpoint's upload to end.
         """
         validate_id(checkpoint_id, "checkpoint_id")
@@ -174,7 +174,7 @@ class Participant(AdmissionGate, abc.ABC):
                     # The export is immutable from here on (the ``_export`` contract), so the
                     # upload may run while the participant takes new work after the resume.
                     records = export.records
-                    self._uploads.start(
+                    self._uploads.register(
                         checkpoint_id,
                         generation,
                         deadline,
@@ -268,7 +268,8 @@ class Participant(AdmissionGate, abc.ABC):
 
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         """Return to idle and reopen admission (also the abort). Fences the id for good, even on
-        a participant that never saw it, so a delayed prepare cannot close admission later."""
+        a participant that never saw it, so a delayed prepare cannot close admission later.
+        Resuming a ``frozen`` checkpoint starts its background upload."""
         validate_id(checkpoint_id, "checkpoint_id")
         with self._cond:
             self._check_lease()
@@ -280,7 +281,10 @@ class Participant(AdmissionGate, abc.ABC):
                 return ResumeReply(checkpoint_id=checkpoint_id, phase=self._phase, idempotent=True)
             if self._active != checkpoint_id:
                 raise self._conflict(checkpoint_id, "resume")
+            frozen = self._phase is Phase.FROZEN
             self._end_checkpoint("resume")
+            if frozen:  # encoding and upload run after the resume
+                self._uploads.launch(checkpoint_id)
             return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:

@@ -1,9 +1,10 @@
 """Background uploads of asynchronous commits (``publication="async"``).
 
-An asynchronous commit freezes its export under the participant's lock and hands the upload to
-:class:`Uploads`, which runs it on a thread of its own: the upload outlives the coordinator's
-resume (that is the point) and ends when the manifest is written, when it fails, or when it is
-cancelled (a lease expiry before the resume: the coordinator vanished). ``collect`` waits for it.
+An asynchronous commit freezes its export under the participant's lock and registers the upload
+with :class:`Uploads`; the resume launches it on a thread of its own (encoding and upload run
+after the resume, so they never compete with the pause for the interpreter). It ends when the
+manifest is written, when it fails, or when it is cancelled (a lease expiry before the resume:
+the coordinator vanished, and the upload never starts). ``collect`` waits for it.
 
 Fencing: an upload is bound to its checkpoint id and to the generation it froze in; it writes
 only under that checkpoint's own prefix, its manifest create-only, and only before its deadline.
@@ -42,6 +43,7 @@ class Upload:
         self.done = threading.Event()
         self.reply: CommitReply | None = None
         self.error: BaseException | None = None
+        self.work: Callable[[Upload], CommitReply] | None = None  # until launched
 
     def check(self) -> None:
         """Raise if the upload may no longer write its manifest (called by the writer)."""
@@ -71,11 +73,12 @@ class Uploads:
         with self._lock:
             return tuple(cid for cid, u in self._uploads.items() if not u.done.is_set())
 
-    def start(
+    def register(
         self, checkpoint_id: str, generation: int, deadline: float, work: Callable[[Upload], CommitReply]
     ) -> Upload:
-        """Run ``work(upload)`` on a new thread; its reply or error is kept for :meth:`collect`."""
+        """Keep ``work(upload)`` for :meth:`launch`; its reply or error is kept for :meth:`collect`."""
         upload = Upload(checkpoint_id, generation, deadline)
+        upload.work = work
         with self._lock:
             self._uploads.pop(checkpoint_id, None)
             self._uploads[checkpoint_id] = upload
@@ -84,6 +87,15 @@ class Uploads:
                 if not oldest.done.is_set():
                     break
                 self._uploads.popitem(last=False)
+        return upload
+
+    def launch(self, checkpoint_id: str) -> None:
+        """Start the registered upload of ``checkpoint_id`` on its own thread (once)."""
+        with self._lock:
+            upload = self._uploads.get(checkpoint_id)
+            if upload is None or upload.work is None:
+                return
+            work, upload.work = upload.work, None
 
         def run() -> None:
             try:
@@ -97,14 +109,22 @@ class Uploads:
                     self._lock.notify_all()
 
         threading.Thread(target=run, name=f"upload-{self._name}-{checkpoint_id}", daemon=True).start()
-        return upload
 
     def cancel(self, checkpoint_id: str) -> None:
         """Void the upload (its manifest is never written); it stops at its next record."""
         with self._lock:
             upload = self._uploads.get(checkpoint_id)
-            if upload is not None and not upload.done.is_set():
-                upload.cancelled = True
+            if upload is None or upload.done.is_set():
+                return
+            upload.cancelled = True
+            if upload.work is not None:  # never launched: it ends here
+                upload.work = None
+                try:
+                    upload.check()
+                except StaleCheckpointError as exc:
+                    upload.error = exc
+                upload.done.set()
+                self._lock.notify_all()
 
     def wait_others(self, checkpoint_id: str, deadline: float) -> None:
         """Wait until no upload of another checkpoint runs (one upload in flight at a time, the

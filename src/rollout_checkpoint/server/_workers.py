@@ -11,8 +11,8 @@ operation reaches every worker and the answers are merged:
   archive and writes ONE component archive with all their records, the merged ``extra`` and
   ``session_owners`` (which worker held which execution), then drops the staging. With
   ``publication="async"`` every worker freezes first (the group answers ``frozen`` once all
-  have), and the collection of the staged uploads and the merge run on a background thread
-  (``collect`` waits for it);
+  have); the resume starts the collection of the staged uploads and the merge on a background
+  thread (``collect`` waits for it);
 * ``restore``: the executions of one pre-crash owner go to one live worker, owners spread
   evenly (fewest executions, then fewest owners); each worker restores its share from the merged
   archive, every other worker fences attempt N of it; old owners are aliased to their new
@@ -318,7 +318,7 @@ class WorkerGroup:
                 self._commits[checkpoint_id] = reply
             return reply
         # asynchronous: every worker freezes (all of them before the coordinator resumes any);
-        # the group collects their staged uploads and merges them in the background
+        # after the resume the group collects their staged uploads and merges them
         self._uploads.wait_others(checkpoint_id, deadline)
         frozen = self._each(
             lambda w: w.client.commit(
@@ -334,7 +334,7 @@ class WorkerGroup:
 
         with self._lock:
             self._commits[checkpoint_id] = reply
-            self._uploads.start(checkpoint_id, 0, deadline, upload)
+            self._uploads.register(checkpoint_id, 0, deadline, upload)
         return reply
 
     def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
@@ -498,6 +498,7 @@ class WorkerGroup:
                 self._resumed.popitem(last=False)
             self._commits.pop(checkpoint_id, None)
         replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
+        self._uploads.launch(checkpoint_id)  # an asynchronous commit's merge, after the workers'
         return ResumeReply(
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,
