@@ -607,3 +607,30 @@ def _agent_with_record() -> ScriptedParticipant:
     agent = SlowAgent()
     agent.release.set()
     return agent
+
+
+def test_an_upload_never_resumed_ends_at_its_deadline() -> None:
+    """A holder without a lease (a worker group) does not wait forever for a resume that never
+    comes: the registered upload ends at its deadline, unstarted."""
+    from rollout_checkpoint.control_plane._publication import Uploads
+
+    clock = Clock()
+    uploads = Uploads("group", clock)
+    started: list[str] = []
+
+    def work(_: Any) -> CommitReply:
+        started.append("yes")
+        raise AssertionError("never launched")
+
+    uploads.register("ck-orphan", 0, clock.now + 10, work)
+    assert uploads.running() == ("ck-orphan",)
+    with pytest.raises(DeadlineExceededError):
+        uploads.wait_others("ck-next", clock.now)  # busy: refused at once at this deadline
+    clock.now += 11
+    assert uploads.running() == ()
+    uploads.wait_others("ck-next", clock.now + 5)  # nothing runs any more
+    with pytest.raises(PublicationFailedError) as info:
+        uploads.collect("ck-orphan", clock.now + 5)
+    assert info.value.details["cause"] == "deadline_exceeded"
+    uploads.launch("ck-orphan")  # a late resume starts nothing
+    assert started == []

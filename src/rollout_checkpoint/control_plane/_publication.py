@@ -71,7 +71,23 @@ class Uploads:
 
     def running(self) -> tuple[str, ...]:
         with self._lock:
+            self._reap()
             return tuple(cid for cid, u in self._uploads.items() if not u.done.is_set())
+
+    def _reap(self) -> None:
+        """End every upload never launched by its deadline (no resume came: the coordinator is
+        gone, and a holder without a lease, such as a worker group, would wait for it forever)."""
+        now = self._clock()
+        for upload in self._uploads.values():
+            if upload.work is not None and now >= upload.deadline:
+                upload.work = None
+                upload.error = DeadlineExceededError(
+                    f"{self._name}: the upload of {upload.checkpoint_id} was never started (no resume "
+                    "before its deadline)",
+                    checkpoint_id=upload.checkpoint_id,
+                )
+                upload.done.set()
+                self._lock.notify_all()
 
     def register(
         self, checkpoint_id: str, generation: int, deadline: float, work: Callable[[Upload], CommitReply]
@@ -131,6 +147,7 @@ class Uploads:
         way Orbax waits for the previous save); ``deadline_exceeded`` if one still runs then."""
         with self._lock:
             while True:
+                self._reap()
                 busy = [u for cid, u in self._uploads.items() if cid != checkpoint_id and not u.done.is_set()]
                 if not busy:
                     return
@@ -149,7 +166,9 @@ class Uploads:
 
         A failed upload is ``publication_failed`` (``cause`` = the original code), every time
         it is asked: a repeat after a lost answer gets the same answer."""
-        upload = self.get(checkpoint_id)
+        with self._lock:
+            self._reap()
+            upload = self._uploads.get(checkpoint_id)
         if upload is None:
             raise PublicationUnknownError(
                 f"{self._name}: no upload of {checkpoint_id} here (never frozen here, or this process "
