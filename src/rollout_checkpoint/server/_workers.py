@@ -23,7 +23,6 @@ operation reaches every worker and the answers are merged:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -38,7 +37,7 @@ from typing import TypeVar
 import httpx
 
 from .. import layout
-from ..archive import ArchiveReader, ArchiveWriter, ManifestRef
+from ..archive import ArchiveReader, ManifestRef
 from ..control import (
     Capabilities,
     CommitReply,
@@ -52,14 +51,13 @@ from ..control import (
 from ..control_plane._publication import Upload, Uploads
 from ..errors import (
     CheckpointError,
-    IntegrityError,
     InvalidPhaseError,
     StaleCheckpointError,
 )
 from ..ids import ExecutionId, validate_id
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
-from ._merge import assign_owners, execution_key, merge_extra, session_owners, unique_effects
+from ._merge import assign_owners, execution_key, merge_staged, merged_reply, session_owners
 from ._wire import ParticipantUnreachableError
 
 __all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo"]
@@ -353,19 +351,7 @@ class WorkerGroup:
     def _reply(
         self, checkpoint_id: str, phase: Phase, ref: ManifestRef | None, replies: dict[str, CommitReply]
     ) -> CommitReply:
-        caps = self.capabilities()
-        return CommitReply(
-            checkpoint_id=checkpoint_id,
-            phase=phase,
-            kind=caps.kind,
-            instance=caps.instance,
-            manifest_key=None if ref is None else ref.key,
-            manifest_sha256=None if ref is None else ref.sha256,
-            manifest_bytes=None if ref is None else ref.bytes,
-            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
-            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
-            unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
-        )
+        return merged_reply(self.capabilities(), checkpoint_id, phase, ref, replies)
 
     def _merge(
         self,
@@ -376,47 +362,12 @@ class WorkerGroup:
         fence: Callable[[], None],
         lock: threading.Condition,
     ) -> CommitReply:
-        """Verify every worker's staged archive and write ONE component archive of all their
-        records; ``fence`` decides (under ``lock``) whether the manifest may be written."""
+        """Write ONE component archive of every worker's staged records (``merge_staged``),
+        then drop the staging."""
         caps = self.capabilities()
-        prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
-        readers = {
-            wid: ArchiveReader.open(
-                self._staging(staging[wid]), prefix, expected_sha256=reply.manifest_sha256
-            )
-            for wid, reply in replies.items()
-        }
-        extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
-        writer = ArchiveWriter(
-            target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
-        )
-        try:
-            for wid in sorted(readers):
-                # every shard's digest is checked before its rows; the count closes the set
-                read = 0
-                for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
-                    refs = None if raw.refs is None else json.loads(raw.refs)
-                    writer.write_raw(
-                        raw.kind,
-                        raw.rollout_id,
-                        raw.attempt,
-                        raw.key,
-                        raw.payload,
-                        raw.revision,
-                        refs,
-                        schema_version=raw.schema_version,
-                    )
-                    read += 1
-                expected = sum(readers[wid].manifest.record_counts.values())
-                if read != expected:
-                    raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
-            with lock:
-                fence()
-                writer.commit(extra=extra)
-        except BaseException:
-            writer.abort()
-            raise
-        reply = self._reply(checkpoint_id, Phase.COMMITTED, writer.manifest_ref, replies)
+        stores = {wid: self._staging(staging[wid]) for wid in replies}
+        ref = merge_staged(target, stores, checkpoint_id, caps, replies, fence, lock)
+        reply = self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
         for url in staging.values():
             _drop_staging(self._staging(url), checkpoint_id)
         return reply
