@@ -194,3 +194,37 @@ def test_a_server_killed_during_the_background_upload_publishes_nothing(tmp_path
         assert not store.exists("checkpoints/ck-killed/aggregate.json")
         remote.close()
         agent.close()
+
+
+def test_one_worker_killed_during_the_background_upload_publishes_nothing(tmp_path: Path) -> None:
+    store_dir, hold = tmp_path / "store", tmp_path / "hold" / "upload.hold"
+    hold.parent.mkdir()
+    store = LocalStore(store_dir)
+    with _server(store_dir, 2, hold) as (url, _):
+        _STORES[url] = store
+        coordinator, remote, agent = _setup(url)
+        coordinator.checkpoint("ck-base", deadline_s=60)
+        hold.touch()
+        handle = coordinator.checkpoint_async("ck-worker-killed", deadline_s=60)
+        _wait_held(hold, 2)
+        victim = int(sorted(hold.parent.glob("held-*"))[0].name.split("-", 1)[1])
+        os.kill(victim, signal.SIGKILL)  # one worker process dies mid-upload; the other is held
+        with pytest.raises(PublicationFailedError) as info:
+            handle.result(timeout=120)  # the group's merge cannot collect the dead worker's upload
+        assert "publication_failed" in (info.value.code, info.value.details.get("cause"))
+        hold.unlink()
+        assert [p.checkpoint_id for p in list_published(store)] == ["ck-base"]
+        assert _latest(store) == "ck-base"
+        assert not store.exists(
+            component_prefix("ck-worker-killed", "resources", "counter-0") + "/manifest.json"
+        )
+        # the replacement worker registers; the next cycle publishes
+        end = time.monotonic() + 90
+        while remote.status().workers != 2:
+            assert time.monotonic() < end, "no replacement worker"
+            time.sleep(0.1)
+        after = coordinator.checkpoint("ck-after", deadline_s=60, publication="async")
+        assert after.clean and _latest(store) == "ck-after"
+        verify_checkpoint(store, "ck-after")
+        remote.close()
+        agent.close()

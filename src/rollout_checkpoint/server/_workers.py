@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -196,19 +196,26 @@ class WorkerGroup:
         worker.client.close()
 
     def _each(
-        self, call: Callable[[WorkerInfo], T], workers: Sequence[WorkerInfo] | None = None
+        self,
+        call: Callable[[WorkerInfo], T],
+        workers: Sequence[WorkerInfo] | None = None,
+        *,
+        fail_fast: bool = False,
     ) -> dict[str, T]:
         """``call`` on every worker concurrently; a worker that cannot be reached is dropped from
-        the roster and the first failure (by worker id) is raised after all calls ended."""
+        the roster and the first failure (by worker id) is raised after all calls ended, or, with
+        ``fail_fast``, as soon as one failed (the other calls are left to end by themselves)."""
         chosen = list(workers) if workers is not None else self.workers()
         if not chosen:
             return {}
-        with ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="worker-group") as pool:
-            futures = {w.worker_id: pool.submit(call, w) for w in chosen}
-            wait(list(futures.values()))
+        pool = ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="worker-group")
+        futures = {w.worker_id: pool.submit(call, w) for w in chosen}
+        wait(list(futures.values()), return_when=FIRST_EXCEPTION if fail_fast else ALL_COMPLETED)
+        pool.shutdown(wait=False)
         failures: list[BaseException] = []
         for worker in chosen:
-            error = futures[worker.worker_id].exception()
+            future = futures[worker.worker_id]
+            error = future.exception() if future.done() else None
             if error is None:
                 continue
             if isinstance(error, ParticipantUnreachableError):
@@ -216,7 +223,7 @@ class WorkerGroup:
             failures.append(error)
         if failures:
             raise failures[0]
-        return {wid: f.result() for wid, f in futures.items()}
+        return {wid: f.result() for wid, f in futures.items()}  # all done: none failed
 
     # -- ParticipantControl ---------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -327,7 +334,8 @@ class WorkerGroup:
         reply = self._reply(checkpoint_id, Phase.FROZEN, None, frozen)
 
         def upload(fence: Upload) -> CommitReply:
-            staged = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers)
+            # one worker's failed upload fails the group's at once (nothing can publish)
+            staged = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True)
             return self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
 
         with self._lock:
