@@ -7,12 +7,15 @@ Usage::
     python tests/_crash_worker.py DIR steps           # print the cycle's step names (JSON)
     python tests/_crash_worker.py DIR crash K CID     # run cycle CID, SIGKILL before step K
     python tests/_crash_worker.py DIR recover         # fresh process: restore latest, resume, checkpoint
+    python tests/_crash_worker.py DIR async-steps     # an asynchronous cycle's step patterns (JSON)
+    python tests/_crash_worker.py DIR async-crash PATTERN CID  # async cycle CID, SIGKILL at PATTERN
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -30,6 +33,11 @@ def _populate(dep: Deployment) -> None:
     dep.resumable("cont", tokens=dep.coordinator.token_source)
     dep.completed("done")
     dep.running("ronly", restart_only=True)
+
+
+def _pattern(step: str) -> str:
+    """A step name without the writer's random object names."""
+    return re.sub(r"[0-9a-f]{32}", "*", step)
 
 
 def main(argv: list[str]) -> int:
@@ -69,6 +77,38 @@ def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
 
         dep.coordinator.fault_hook = hook
         dep.coordinator.checkpoint(cid)
+        return 3  # the step was never reached
+    if mode == "async-steps":
+        _populate(dep)
+        patterns: list[str] = []
+        lock = threading.Lock()
+
+        def record(step: str) -> None:
+            with lock:
+                patterns.append(_pattern(step))
+
+        dep.coordinator.fault_hook = record
+        dep.coordinator.checkpoint("ck-steps", publication="async")
+        print(json.dumps(list(dict.fromkeys(patterns))))
+        return 0
+    if mode == "async-crash":
+        pattern, cid = argv[2], argv[3]
+        _populate(dep)
+
+        reported = threading.Event()
+
+        def kill_at(step: str) -> None:
+            if _pattern(step) == pattern.replace("ck-steps", cid):
+                if not step.startswith(("open_write:", "put:", "put_if_absent:")):
+                    reported.wait(30)  # the coordinator's own steps: after the resume was seen
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        dep.coordinator.fault_hook = kill_at
+        handle = dep.coordinator.checkpoint_async(cid)
+        print(json.dumps({"resumed": dep.all_open()}), flush=True)  # before the upload ended
+        reported.set()
+        handle.result(timeout=60)
         return 3  # the step was never reached
     if mode == "recover":
         restored = dep.coordinator.restore()

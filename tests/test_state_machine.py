@@ -1,9 +1,10 @@
 """A hypothesis state machine over the whole protocol with the reference participants.
 
 Rules: start, step (one agent turn: a staged model call, a resources mutation, a boundary),
-finish, hand off (and consume), checkpoint, crash (drop every in-memory participant), restore
-(with verification and fallback), retire, forget, lose or damage ``latest.json`` (delete it,
-write garbage, move it back to an older checkpoint), and damage a published object (flip a
+finish, hand off (and consume), checkpoint (synchronous or asynchronous publication), crash
+(drop every in-memory participant), restore (with verification and fallback), retire, forget,
+lose or damage ``latest.json`` (delete it, write garbage, move it back to an older
+checkpoint), and damage a published object (flip a
 byte, truncate or delete any object one checkpoint owns: record, aggregate, manifests,
 indexes, shards, token snapshot). Invariants after every step: participants are open whenever
 no checkpoint is running; a retired attempt is refused everywhere (also after a restore from a
@@ -170,11 +171,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.world.registry.consume(execution)
 
     @precondition(lambda self: not self.crashed)
-    @rule()
-    def checkpoint(self) -> None:
+    @rule(publication=st.sampled_from(["sync", "async"]))
+    def checkpoint(self, publication: Any = "sync") -> None:
         world = self.world
         expected = {e.rollout_id: e for e in world.registry.executions()}
-        outcome = world.coordinator.checkpoint()
+        outcome = world.coordinator.checkpoint(publication=publication)
+        assert outcome.publication == publication
         self._published_now(outcome.checkpoint_id, outcome.record.sequence)
         assert outcome.clean and outcome.latest_moved  # a lost or damaged pointer never blocks
         plan = load_checkpoint(self.store, outcome.checkpoint_id)

@@ -1,6 +1,8 @@
-"""Transport-neutral control-plane types shared by participants, the coordinator and (later)
-the HTTP server: phases, capabilities, reports and replies, and the ``ParticipantControl``
-protocol that an in-process participant or a remote client both satisfy."""
+"""Transport-neutral control-plane types shared by participants, the coordinator and the HTTP
+server: phases, capabilities, reports and replies, the ``ParticipantControl`` protocol that an
+in-process participant or a remote client both satisfy, and ``AsyncParticipantControl`` (the
+two extra operations of asynchronous publication: ``commit(..., publication="async")`` and
+``collect``)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,16 @@ import enum
 from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .errors import CheckpointError
 from .ids import ExecutionId, Identifier
 from .store import ObjectStore
 
 __all__ = [
     "CONTROL_SCHEMA_VERSION",
     "PREPARE_ORDER",
+    "AsyncParticipantControl",
     "Capabilities",
     "CheckpointMode",
     "CommitReply",
@@ -25,6 +29,9 @@ __all__ = [
     "ParticipantStatus",
     "Phase",
     "PrepareReport",
+    "Publication",
+    "PublicationFailedError",
+    "PublicationUnknownError",
     "RestoreReply",
     "ResumeReply",
     "UnsafeEffect",
@@ -41,17 +48,38 @@ PREPARE_ORDER: tuple[ParticipantKind, ...] = ("environment", "model", "agent", "
 
 CheckpointMode = Literal["exported", "stateless", "restart_only"]
 WorkerTopology = Literal["single_process", "coordinated_workers"]
+Publication = Literal["sync", "async"]
+"""``sync``: commit encodes and uploads before it answers. ``async``: commit freezes an in-memory
+snapshot, answers ``frozen`` and uploads in the background after the resume (``collect``)."""
 ConcurrencyContract = Literal["per_session_serialized", "single_threaded", "declared_safe"]
 
 
 class Phase(enum.StrEnum):
-    """idle -> preparing -> prepared -> committed; idle -> restored; resume: any -> idle."""
+    """idle -> preparing -> prepared -> committed | frozen; idle -> restored; resume: any -> idle.
+
+    ``frozen``: an asynchronous commit took its snapshot; the upload runs in the background and
+    outlives the resume (``collect`` answers once it ended)."""
 
     IDLE = "idle"
     PREPARING = "preparing"
     PREPARED = "prepared"
     COMMITTED = "committed"
+    FROZEN = "frozen"
     RESTORED = "restored"
+
+
+class PublicationFailedError(CheckpointError):
+    """The background upload of an asynchronous commit failed (``cause`` names the original
+    code); no manifest of it was written, so the checkpoint can never be published."""
+
+    code = "publication_failed"
+
+
+class PublicationUnknownError(CheckpointError):
+    """``collect`` names a checkpoint with no upload here: never frozen here, evicted, or the
+    process restarted since the freeze (the upload died with it). Nothing of it can publish."""
+
+    code = "publication_unknown"
 
 
 class _Model(BaseModel):
@@ -77,6 +105,9 @@ class ParticipantStatus(_Model):
     accepting: bool
     live: int = Field(ge=0, description="executions the participant currently tracks")
     tombstones: int = Field(ge=0)
+    uploading: tuple[str, ...] = Field(
+        default=(), description="checkpoints whose asynchronous upload still runs here"
+    )
     workers: int = Field(default=1, ge=0, description="worker processes whose answers are merged here")
 
 
@@ -102,16 +133,30 @@ class PrepareReport(_Model):
 
 
 class CommitReply(_Model):
+    """Answer to ``commit`` and ``collect``. ``committed`` names the written manifest;
+    ``frozen`` (an asynchronous commit) names none yet: ``collect`` returns the committed reply."""
+
     checkpoint_id: Identifier
     phase: Phase
     kind: ParticipantKind
     instance: Identifier
-    manifest_key: str
-    manifest_sha256: str
-    manifest_bytes: int
+    manifest_key: str | None = None
+    manifest_sha256: str | None = None
+    manifest_bytes: int | None = Field(default=None, ge=0)
     executions: tuple[ExecutionId, ...] = ()
     restarts: tuple[ExecutionId, ...] = ()
     unsafe_effects: tuple[UnsafeEffect, ...] = ()
+
+    @model_validator(mode="after")
+    def _manifest_iff_committed(self) -> CommitReply:
+        named = (self.manifest_key, self.manifest_sha256, self.manifest_bytes)
+        if self.phase is Phase.COMMITTED and None in named:
+            raise ValueError("a committed reply names its manifest (key, sha256, bytes)")
+        if self.phase is Phase.FROZEN and named != (None, None, None):
+            raise ValueError("a frozen reply names no manifest yet")
+        if self.phase not in (Phase.COMMITTED, Phase.FROZEN):
+            raise ValueError(f"a commit reply is committed or frozen, not {self.phase.value}")
+        return self
 
 
 class RestoreReply(_Model):
@@ -163,3 +208,22 @@ class ParticipantControl(Protocol):
     def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None: ...
 
     def forget(self, rollout_ids: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
+class AsyncParticipantControl(ParticipantControl, Protocol):
+    """A participant that can publish asynchronously (``docs/protocol.md``, "Asynchronous
+    publication"): ``commit(..., publication="async")`` freezes and answers ``frozen``;
+    ``collect`` waits (until ``deadline``) for that upload and returns the committed reply."""
+
+    def commit(
+        self,
+        checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None = None,
+        *,
+        publication: Publication = "sync",
+    ) -> CommitReply: ...
+
+    def collect(self, checkpoint_id: str, deadline: float) -> CommitReply: ...

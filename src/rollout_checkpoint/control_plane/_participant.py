@@ -10,6 +10,7 @@ in :mod:`._admission`, the archive I/O in :mod:`._component`.
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import JsonValue
@@ -18,6 +19,7 @@ from ..control import (
     CommitReply,
     Phase,
     PrepareReport,
+    Publication,
     RestoreReply,
     ResumeReply,
     UnsafeEffect,
@@ -86,18 +88,27 @@ class Participant(AdmissionGate, abc.ABC):
         store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
+        *,
+        publication: Publication = "sync",
     ) -> CommitReply:
         """Re-check readiness, export once through the archive writer, write the manifest last.
 
         ``scope`` limits the exported executions (those the coordinator continues); executions
         the participant does not track are ignored. A retry after a lost answer returns the
         cached reply, or adopts a manifest that the lost try already wrote with the same content.
+
+        ``publication="async"`` freezes the export and answers ``frozen`` at once; the archive
+        is written by a background upload that the resume starts (:meth:`collect`). Either
+        mode first waits (until ``deadline``) for a previous checkpoint's upload to end.
         """
         validate_id(checkpoint_id, "checkpoint_id")
         check_deadline(deadline, self._clock(), "commit")
+        if publication not in ("sync", "async"):
+            raise ValueError(f"publication must be 'sync' or 'async', not {publication!r}")
         scope_set = frozenset(scope) if scope is not None else None
         self._acquire_gate(deadline, "commit")
         try:
+            self._uploads.wait_others(checkpoint_id, deadline)
             with self._cond:
                 self._check_lease()
                 check_deadline(deadline, self._clock(), "commit")
@@ -106,7 +117,13 @@ class Participant(AdmissionGate, abc.ABC):
                     raise InvalidPhaseError(f"commit {checkpoint_id}: prepare it first", phase="idle")
                 if self._active != checkpoint_id:
                     raise self._conflict(checkpoint_id, "commit")
-                if self._phase is Phase.COMMITTED and self._replies.commit is not None:
+                if self._phase in (Phase.COMMITTED, Phase.FROZEN) and self._replies.commit is not None:
+                    if (self._phase is Phase.FROZEN) != (publication == "async"):
+                        raise InvalidPhaseError(
+                            f"commit {checkpoint_id}: already {self._phase.value} by a commit of the "
+                            "other publication mode",
+                            phase=self._phase.value,
+                        )
                     return self._replies.commit
                 if self._phase is not Phase.PREPARED:
                     raise InvalidPhaseError(
@@ -138,25 +155,56 @@ class Participant(AdmissionGate, abc.ABC):
                 for name, value in self._manifest_extra().items():
                     extra.setdefault(name, value)
                 generation = self._generation
+
+                def reply(phase: Phase, ref: tuple[str, str, int] | None) -> CommitReply:
+                    return CommitReply(
+                        checkpoint_id=checkpoint_id,
+                        phase=phase,
+                        kind=self.kind,
+                        instance=self.instance,
+                        manifest_key=None if ref is None else ref[0],
+                        manifest_sha256=None if ref is None else ref[1],
+                        manifest_bytes=None if ref is None else ref[2],
+                        executions=tuple(executions),
+                        restarts=tuple(restarts),
+                        unsafe_effects=tuple(effects),
+                    )
+
+                if publication == "async":
+                    # The export is immutable from here on (the ``_export`` contract), so the
+                    # upload may run while the participant takes new work after the resume.
+                    records = export.records
+                    self._uploads.register(
+                        checkpoint_id,
+                        generation,
+                        deadline,
+                        lambda _: reply(
+                            Phase.COMMITTED,
+                            self._write_component(checkpoint_id, store, deadline, records, extra, generation),
+                        ),
+                    )
+                    frozen = reply(Phase.FROZEN, None)
+                    self._phase = Phase.FROZEN
+                    self._replies.commit = frozen
+                    self.events["frozen"] += 1
+                    return frozen
             ref = self._write_component(checkpoint_id, store, deadline, export.records, extra, generation)
             with self._cond:
-                reply = CommitReply(
-                    checkpoint_id=checkpoint_id,
-                    phase=Phase.COMMITTED,
-                    kind=self.kind,
-                    instance=self.instance,
-                    manifest_key=ref[0],
-                    manifest_sha256=ref[1],
-                    manifest_bytes=ref[2],
-                    executions=tuple(executions),
-                    restarts=tuple(restarts),
-                    unsafe_effects=tuple(effects),
-                )
+                committed = reply(Phase.COMMITTED, ref)
                 self._phase = Phase.COMMITTED
-                self._replies.commit = reply
-                return reply
+                self._replies.commit = committed
+                return committed
         finally:
             self._op_gate.release()
+
+    def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
+        """Wait (until ``deadline``) for the background upload of an asynchronous commit and
+        return its committed reply. Idempotent; answers after the resume, which is the point.
+        ``publication_failed`` if the upload failed or was cancelled, ``publication_unknown``
+        if this participant never froze ``checkpoint_id`` (or restarted since)."""
+        validate_id(checkpoint_id, "checkpoint_id")
+        check_deadline(deadline, self._clock(), "collect")
+        return self._uploads.collect(checkpoint_id, deadline)
 
     def restore(
         self,
@@ -220,7 +268,8 @@ class Participant(AdmissionGate, abc.ABC):
 
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         """Return to idle and reopen admission (also the abort). Fences the id for good, even on
-        a participant that never saw it, so a delayed prepare cannot close admission later."""
+        a participant that never saw it, so a delayed prepare cannot close admission later.
+        Resuming a ``frozen`` checkpoint starts its background upload."""
         validate_id(checkpoint_id, "checkpoint_id")
         with self._cond:
             self._check_lease()
@@ -232,7 +281,10 @@ class Participant(AdmissionGate, abc.ABC):
                 return ResumeReply(checkpoint_id=checkpoint_id, phase=self._phase, idempotent=True)
             if self._active != checkpoint_id:
                 raise self._conflict(checkpoint_id, "resume")
+            frozen = self._phase is Phase.FROZEN
             self._end_checkpoint("resume")
+            if frozen:  # encoding and upload run after the resume
+                self._uploads.launch(checkpoint_id)
             return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:
@@ -347,7 +399,7 @@ class Participant(AdmissionGate, abc.ABC):
             if self._active != checkpoint_id:
                 # The checkpoint ended (resume or lease expiry) while this prepare waited.
                 return PrepareReport(checkpoint_id=checkpoint_id, phase=Phase.IDLE, ready=False)
-            if self._phase in (Phase.PREPARED, Phase.COMMITTED) and self._replies.prepare is not None:
+            if self._phase in (Phase.PREPARED, Phase.COMMITTED, Phase.FROZEN) and self._replies.prepare:
                 return self._replies.prepare
             readiness = self._readiness()
             ready = not readiness.blockers
@@ -387,7 +439,7 @@ class Participant(AdmissionGate, abc.ABC):
             self.instance,
             records,
             extra,
-            lock=self._cond,
+            lock=self._write_lock(checkpoint_id, generation),
             check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
         )
 
@@ -442,10 +494,22 @@ class Participant(AdmissionGate, abc.ABC):
             self._changed()
             return reply
 
+    def _write_lock(self, checkpoint_id: str, generation: int) -> threading.Condition:
+        """The lock a component's manifest write is decided under: the participant's own for a
+        synchronous commit (a resume is before or after it), the upload's for an asynchronous
+        one (the participant takes work meanwhile; a lease expiry voids it at its next check)."""
+        upload = self._uploads.get(checkpoint_id)
+        if upload is not None and upload.generation == generation:
+            return upload.lock
+        return self._cond
+
     def _check_still_active(self, checkpoint_id: str, generation: int, deadline: float, op: str) -> None:
         with self._cond:
             self._check_lease()
-            if self._generation != generation or self._active != checkpoint_id:
+            upload = self._uploads.get(checkpoint_id) if op == "commit" else None
+            if upload is not None and upload.generation == generation:
+                upload.check()  # an asynchronous upload outlives the resume: fenced by itself
+            elif self._generation != generation or self._active != checkpoint_id:
                 raise StaleCheckpointError(
                     f"{op} {checkpoint_id}: the checkpoint was resumed (or its lease expired) meanwhile; "
                     "nothing was published",

@@ -3,8 +3,12 @@
 ::
 
     idle --prepare--> preparing --(ready)--> prepared --commit--> committed
+                                                      --commit(async)--> frozen (upload starts)
     idle --restore--> restored
     any  --resume---> idle          (resume is also abort; a lease expiry is a resume)
+
+A resume of a ``frozen`` checkpoint leaves its background upload running (it is bound to its own
+checkpoint id and generation, see ``_publication``); a lease expiry while ``frozen`` cancels it.
 
 :class:`PhaseMachine` holds everything the control plane tracks (phase, active checkpoint id,
 admission flag, lease, resumed ids, cached replies, live executions, tombstones) and the
@@ -35,6 +39,7 @@ from ..fencing import AttemptFence
 from ..ids import ExecutionId, validate_id
 from ._idempotency import ReplyCache, ResumedIds
 from ._lease import DEFAULT_LEASE_GRACE_SECONDS, Lease
+from ._publication import Uploads
 
 __all__ = ["PhaseMachine"]
 
@@ -80,6 +85,7 @@ class PhaseMachine:
         self._replies = ReplyCache()
         self._live: dict[str, ExecutionId] = {}
         self._effects: dict[str, list[UnsafeEffect]] = {}
+        self._uploads = Uploads(f"{kind}/{instance}", self._clock)
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -107,6 +113,7 @@ class PhaseMachine:
                 accepting=self._accepting,
                 live=len(self._live),
                 tombstones=len(self.fence),
+                uploading=self._uploads.running(),
             )
 
     @property
@@ -183,6 +190,8 @@ class PhaseMachine:
                 self.instance,
                 self._active,
             )
+            if self._phase is Phase.FROZEN:  # the coordinator vanished: nobody will collect it
+                self._uploads.cancel(self._active)
             self._end_checkpoint("lease expired")
 
     def _wait_slice(self, remaining: float | None) -> float | None:

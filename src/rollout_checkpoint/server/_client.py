@@ -21,6 +21,7 @@ from ..control import (
     CommitReply,
     ParticipantStatus,
     PrepareReport,
+    Publication,
     RestoreReply,
     ResumeReply,
 )
@@ -124,14 +125,23 @@ class RemoteParticipant:
         store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
+        *,
+        publication: Publication = "sync",
     ) -> CommitReply:
-        body = {
+        body: dict[str, Any] = {
             "checkpoint_id": checkpoint_id,
             "deadline_ts": deadline,
             "store": _url(store),
             "scope": _executions(scope),
         }
+        if publication != "sync":  # a synchronous commit's body is what servers always took
+            body["publication"] = publication
         return self._http.call("POST", "/commit", body, CommitReply, deadline)
+
+    def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
+        """Wait (until ``deadline``) for the background upload of an asynchronous commit."""
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        return self._http.call("POST", "/collect", body, CommitReply, deadline)
 
     def restore(
         self,

@@ -1,19 +1,32 @@
-"""Merging what the workers of one server committed: the component manifest ``extra`` of the
-merged archive, and where a restore places each pre-crash owner's executions."""
+"""Merging what the workers of one server committed: the one component archive written from
+their staged archives, its manifest ``extra`` and reply, and where a restore places each
+pre-crash owner's executions."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import JsonValue
 
-from ..control import Capabilities, CommitReply, UnsafeEffect
+from .. import layout
+from ..archive import ArchiveReader, ArchiveWriter, ManifestRef
+from ..control import Capabilities, CommitReply, Phase, UnsafeEffect
 from ..errors import IntegrityError, InvalidPhaseError, InvalidRecordError
 from ..ids import ExecutionId
+from ..store import ObjectStore
 
-__all__ = ["assign_owners", "execution_key", "merge_extra", "session_owners", "unique_effects"]
+__all__ = [
+    "assign_owners",
+    "execution_key",
+    "merge_extra",
+    "merge_staged",
+    "merged_reply",
+    "session_owners",
+    "unique_effects",
+]
 
 STANDARD_KEYS = ("capabilities", "tombstones", "executions", "restarts", "unsafe_effects")
 
@@ -99,3 +112,74 @@ def session_owners(raw: Any) -> dict[str, list[ExecutionId]]:
         except (TypeError, IndexError, ValueError) as exc:
             raise InvalidRecordError(f"manifest extra 'session_owners': {exc}") from None
     return out
+
+
+def merged_reply(
+    caps: Capabilities,
+    checkpoint_id: str,
+    phase: Phase,
+    ref: ManifestRef | None,
+    replies: dict[str, CommitReply],
+) -> CommitReply:
+    """The group's reply: the workers' executions, restarts and effects united."""
+    return CommitReply(
+        checkpoint_id=checkpoint_id,
+        phase=phase,
+        kind=caps.kind,
+        instance=caps.instance,
+        manifest_key=None if ref is None else ref.key,
+        manifest_sha256=None if ref is None else ref.sha256,
+        manifest_bytes=None if ref is None else ref.bytes,
+        executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
+        restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
+        unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
+    )
+
+
+def merge_staged(
+    target: ObjectStore,
+    staging: dict[str, ObjectStore],
+    checkpoint_id: str,
+    caps: Capabilities,
+    replies: dict[str, CommitReply],
+    fence: Callable[[], None],
+    lock: threading.Condition,
+) -> ManifestRef:
+    """Verify every worker's staged archive and write ONE component archive of all their
+    records; ``fence`` decides (under ``lock``) whether the manifest may be written."""
+    prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
+    readers = {
+        wid: ArchiveReader.open(staging[wid], prefix, expected_sha256=reply.manifest_sha256)
+        for wid, reply in replies.items()
+    }
+    extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
+    writer = ArchiveWriter(
+        target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
+    )
+    try:
+        for wid in sorted(readers):
+            # every shard's digest is checked before its rows; the count closes the set
+            read = 0
+            for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
+                refs = None if raw.refs is None else json.loads(raw.refs)
+                writer.write_raw(
+                    raw.kind,
+                    raw.rollout_id,
+                    raw.attempt,
+                    raw.key,
+                    raw.payload,
+                    raw.revision,
+                    refs,
+                    schema_version=raw.schema_version,
+                )
+                read += 1
+            expected = sum(readers[wid].manifest.record_counts.values())
+            if read != expected:
+                raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
+        with lock:
+            fence()
+            writer.commit(extra=extra)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.manifest_ref

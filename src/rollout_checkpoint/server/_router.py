@@ -1,6 +1,6 @@
 """The checkpoint control routes as a FastAPI router any app mounts (NeMo Gym's names).
 
-``GET /status`` and ``POST /prepare /renew /commit /restore /resume /retire /forget`` under
+``GET /status`` and ``POST /prepare /renew /commit /collect /restore /resume /retire /forget`` under
 :data:`CHECKPOINT_ROUTE_PREFIX`, each protected by a bearer token compared in constant time,
 each wrapping one operation of any :class:`~rollout_checkpoint.control.ParticipantControl`.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -27,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from ..control import (
+    AsyncParticipantControl,
     CommitReply,
     ParticipantControl,
     ParticipantStatus,
@@ -230,11 +232,24 @@ def checkpoint_router(
         await blocking(method, body.checkpoint_id, body.deadline_ts)
         return RenewReply(checkpoint_id=body.checkpoint_id, deadline_ts=body.deadline_ts)
 
-    @router.post("/commit", response_model=CommitReply, summary="export once, manifest last")
+    def publisher() -> AsyncParticipantControl:
+        if not isinstance(participant, AsyncParticipantControl):
+            raise UnsupportedOperationError("this participant cannot publish asynchronously")
+        return participant
+
+    @router.post("/commit", response_model=CommitReply, summary="export once, manifest last (or freeze)")
     async def commit(body: CommitRequest) -> CommitReply:
+        store = target(body.store)
+        if body.publication == "async":
+            freeze = partial(publisher().commit, publication="async")
+            return await blocking(freeze, body.checkpoint_id, store, body.deadline_ts, scope(body.scope))
         return await blocking(
-            participant.commit, body.checkpoint_id, target(body.store), body.deadline_ts, scope(body.scope)
+            participant.commit, body.checkpoint_id, store, body.deadline_ts, scope(body.scope)
         )
+
+    @router.post("/collect", response_model=CommitReply, summary="wait for an asynchronous commit's upload")
+    async def collect(body: CheckpointRequest) -> CommitReply:
+        return await blocking(publisher().collect, body.checkpoint_id, body.deadline_ts)
 
     @router.post("/restore", response_model=RestoreReply, summary="install a checkpoint as attempt N+1")
     async def restore(body: RestoreRequest) -> RestoreReply:

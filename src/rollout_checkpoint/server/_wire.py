@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from ..control import Publication
 from ..errors import (
     CheckpointError,
     IntegrityError,
@@ -111,7 +112,7 @@ class CheckpointRequest(_Body):
     deadline_ts: Deadline
 
 
-class CommitRequest(CheckpointRequest):
+class _StoreScope(CheckpointRequest):
     store: str | None = Field(
         default=None, max_length=4096, description="store URL; must be the server's own store if it has one"
     )
@@ -120,7 +121,15 @@ class CommitRequest(CheckpointRequest):
     )
 
 
-class RestoreRequest(CommitRequest):
+class CommitRequest(_StoreScope):
+    publication: Publication = Field(
+        default="sync",
+        description="sync: upload before answering; async: freeze, answer 'frozen', upload in the "
+        "background (wait for it with /collect)",
+    )
+
+
+class RestoreRequest(_StoreScope):
     source_checkpoint_id: Identifier
 
 

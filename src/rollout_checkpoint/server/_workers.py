@@ -9,7 +9,10 @@ operation reaches every worker and the answers are merged:
   the prepare, and a dead one leaves the roster so its replacement can join;
 * ``commit``: every worker commits into its own staging area; the group verifies each staged
   archive and writes ONE component archive with all their records, the merged ``extra`` and
-  ``session_owners`` (which worker held which execution), then drops the staging;
+  ``session_owners`` (which worker held which execution), then drops the staging. With
+  ``publication="async"`` every worker freezes first (the group answers ``frozen`` once all
+  have); the resume starts the collection of the staged uploads and the merge on a background
+  thread (``collect`` waits for it);
 * ``restore``: the executions of one pre-crash owner go to one live worker, owners spread
   evenly (fewest executions, then fewest owners); each worker restores its share from the merged
   archive, every other worker fences attempt N of it; old owners are aliased to their new
@@ -20,39 +23,41 @@ operation reaches every worker and the answers are merged:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import httpx
 
 from .. import layout
-from ..archive import ArchiveReader, ArchiveWriter
+from ..archive import ArchiveReader, ManifestRef
 from ..control import (
     Capabilities,
     CommitReply,
     ParticipantStatus,
     Phase,
     PrepareReport,
+    Publication,
     RestoreReply,
     ResumeReply,
 )
+from ..control_plane._publication import Upload, Uploads
 from ..errors import (
     CheckpointError,
-    IntegrityError,
     InvalidPhaseError,
     StaleCheckpointError,
 )
 from ..ids import ExecutionId, validate_id
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
-from ._merge import assign_owners, execution_key, merge_extra, session_owners, unique_effects
+from ._merge import assign_owners, execution_key, merge_staged, merged_reply, session_owners
 from ._wire import ParticipantUnreachableError
 
 __all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo"]
@@ -104,6 +109,7 @@ class WorkerGroup:
         self._rollouts: dict[str, str] = {}
         self._staging_stores: dict[str, ObjectStore] = {}
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
+        self._uploads = Uploads("worker-group", time.time)
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.store.url!r}, workers={len(self._roster)}/{self.expected_workers})"
@@ -190,19 +196,26 @@ class WorkerGroup:
         worker.client.close()
 
     def _each(
-        self, call: Callable[[WorkerInfo], T], workers: Sequence[WorkerInfo] | None = None
+        self,
+        call: Callable[[WorkerInfo], T],
+        workers: Sequence[WorkerInfo] | None = None,
+        *,
+        fail_fast: bool = False,
     ) -> dict[str, T]:
         """``call`` on every worker concurrently; a worker that cannot be reached is dropped from
-        the roster and the first failure (by worker id) is raised after all calls ended."""
+        the roster and the first failure (by worker id) is raised after all calls ended, or, with
+        ``fail_fast``, as soon as one failed (the other calls are left to end by themselves)."""
         chosen = list(workers) if workers is not None else self.workers()
         if not chosen:
             return {}
-        with ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="worker-group") as pool:
-            futures = {w.worker_id: pool.submit(call, w) for w in chosen}
-            wait(list(futures.values()))
+        pool = ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="worker-group")
+        futures = {w.worker_id: pool.submit(call, w) for w in chosen}
+        wait(list(futures.values()), return_when=FIRST_EXCEPTION if fail_fast else ALL_COMPLETED)
+        pool.shutdown(wait=False)
         failures: list[BaseException] = []
         for worker in chosen:
-            error = futures[worker.worker_id].exception()
+            future = futures[worker.worker_id]
+            error = future.exception() if future.done() else None
             if error is None:
                 continue
             if isinstance(error, ParticipantUnreachableError):
@@ -210,7 +223,7 @@ class WorkerGroup:
             failures.append(error)
         if failures:
             raise failures[0]
-        return {wid: f.result() for wid, f in futures.items()}
+        return {wid: f.result() for wid, f in futures.items()}  # all done: none failed
 
     # -- ParticipantControl ---------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -235,6 +248,7 @@ class WorkerGroup:
             accepting=all(s.accepting for s in statuses.values()),
             live=sum(s.live for s in statuses.values()),
             tombstones=max(s.tombstones for s in statuses.values()),
+            uploading=self._uploads.running(),
             workers=len(statuses),
         )
 
@@ -276,13 +290,21 @@ class WorkerGroup:
         store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
+        *,
+        publication: Publication = "sync",
     ) -> CommitReply:
         validate_id(checkpoint_id, "checkpoint_id")
         target = open_store(store)
         with self._lock:
             cached = self._commits.get(checkpoint_id)
-            if cached is not None:
-                return cached
+        if cached is not None:
+            if (cached.phase is Phase.FROZEN) != (publication == "async"):
+                raise InvalidPhaseError(
+                    f"commit {checkpoint_id}: already {cached.phase.value} by a commit of the other "
+                    "publication mode",
+                    phase=cached.phase.value,
+                )
+            return cached
         workers = self.workers()
         if len(workers) < self.expected_workers:
             raise InvalidPhaseError(
@@ -290,66 +312,70 @@ class WorkerGroup:
                 "workers missing"
             )
         staging = {w.worker_id: f"{target.url}/{STAGING_PREFIX}/{w.worker_id}" for w in workers}
-        replies = self._each(
-            lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
-        )
-        caps = self.capabilities()
-        prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
-        readers = {
-            wid: ArchiveReader.open(
-                self._staging(staging[wid]), prefix, expected_sha256=reply.manifest_sha256
+        if publication == "sync":
+            replies = self._each(
+                lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
             )
-            for wid, reply in replies.items()
-        }
-        extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
-        writer = ArchiveWriter(
-            target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
-        )
-        try:
-            for wid in sorted(readers):
-                # every shard's digest is checked before its rows; the count closes the set
-                read = 0
-                for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
-                    refs = None if raw.refs is None else json.loads(raw.refs)
-                    writer.write_raw(
-                        raw.kind,
-                        raw.rollout_id,
-                        raw.attempt,
-                        raw.key,
-                        raw.payload,
-                        raw.revision,
-                        refs,
-                        schema_version=raw.schema_version,
-                    )
-                    read += 1
-                expected = sum(readers[wid].manifest.record_counts.values())
-                if read != expected:
-                    raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
+            reply = self._merge(
+                checkpoint_id, target, staging, replies, partial(self._not_resumed, checkpoint_id), self._lock
+            )
             with self._lock:
-                if checkpoint_id in self._resumed:
-                    raise StaleCheckpointError(
-                        f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
-                        checkpoint_id=checkpoint_id,
-                    )
-                writer.commit(extra=extra)
-        except BaseException:
-            writer.abort()
-            raise
-        ref = writer.manifest_ref
-        reply = CommitReply(
-            checkpoint_id=checkpoint_id,
-            phase=Phase.COMMITTED,
-            kind=caps.kind,
-            instance=caps.instance,
-            manifest_key=ref.key,
-            manifest_sha256=ref.sha256,
-            manifest_bytes=ref.bytes,
-            executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
-            restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
-            unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
+                self._commits[checkpoint_id] = reply
+            return reply
+        # asynchronous: every worker freezes (all of them before the coordinator resumes any);
+        # after the resume the group collects their staged uploads and merges them
+        self._uploads.wait_others(checkpoint_id, deadline)
+        frozen = self._each(
+            lambda w: w.client.commit(
+                checkpoint_id, staging[w.worker_id], deadline, scope, publication="async"
+            ),
+            workers,
         )
+        reply = self._reply(checkpoint_id, Phase.FROZEN, None, frozen)
+
+        def upload(fence: Upload) -> CommitReply:
+            # one worker's failed upload fails the group's at once (nothing can publish)
+            staged = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True)
+            return self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
+
         with self._lock:
             self._commits[checkpoint_id] = reply
+            self._uploads.register(checkpoint_id, 0, deadline, upload)
+        return reply
+
+    def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
+        """Wait (until ``deadline``) for the group's background upload: every worker's staged
+        archive collected and merged into the one component archive."""
+        validate_id(checkpoint_id, "checkpoint_id")
+        return self._uploads.collect(checkpoint_id, deadline)
+
+    def _not_resumed(self, checkpoint_id: str) -> None:
+        if checkpoint_id in self._resumed:
+            raise StaleCheckpointError(
+                f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
+                checkpoint_id=checkpoint_id,
+            )
+
+    def _reply(
+        self, checkpoint_id: str, phase: Phase, ref: ManifestRef | None, replies: dict[str, CommitReply]
+    ) -> CommitReply:
+        return merged_reply(self.capabilities(), checkpoint_id, phase, ref, replies)
+
+    def _merge(
+        self,
+        checkpoint_id: str,
+        target: ObjectStore,
+        staging: dict[str, str],
+        replies: dict[str, CommitReply],
+        fence: Callable[[], None],
+        lock: threading.Condition,
+    ) -> CommitReply:
+        """Write ONE component archive of every worker's staged records (``merge_staged``),
+        then drop the staging."""
+        caps = self.capabilities()
+        stores = {wid: self._staging(staging[wid]) for wid in replies}
+        ref = merge_staged(target, stores, checkpoint_id, caps, replies, fence, lock)
+        reply = self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
         for url in staging.values():
             _drop_staging(self._staging(url), checkpoint_id)
         return reply
@@ -431,6 +457,7 @@ class WorkerGroup:
                 self._resumed.popitem(last=False)
             self._commits.pop(checkpoint_id, None)
         replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
+        self._uploads.launch(checkpoint_id)  # an asynchronous commit's merge, after the workers'
         return ResumeReply(
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,

@@ -1,0 +1,65 @@
+"""The framework-side coordinator: the checkpoint cycle, restore and explicit resume.
+
+The cycle (``docs/protocol.md``, "Checkpoint cycle")::
+
+    freeze dispatch -> prepare (stage by stage, PREPARE_ORDER) -> commit -> validate components
+    -> registry component -> aggregate manifest (create-only) -> token-store snapshot
+    -> GLOBAL CHECKPOINT RECORD (create-only: the commit point) -> latest pointer (CAS)
+    -> resume (reverse order)
+
+With ``publication="async"`` (``docs/protocol.md``, "Asynchronous publication") the commit only
+freezes each participant's snapshot and the registry's, the participants are resumed at once,
+and the rest (upload, validation, aggregate, token snapshot, record, pointer) runs on a
+background thread; :meth:`Coordinator.checkpoint_async` returns a :class:`PublicationHandle`.
+
+Any failure before the commit point aborts: every participant touched is resumed, nothing is
+published, leftovers stay invisible (readers only trust ``published/*.json``). A failure after
+it never un-publishes: the outcome reports it. ``fault_hook(step)`` runs before every object
+write, every participant call, the commit point and the pointer move, so tests can fail or
+kill the process at each step.
+
+Modules: ``_types`` (errors, outcomes, handle), ``_core`` (shared helpers), ``_publication``
+(validation and the commit point), ``_cycle`` (sync and async cycles), ``_restore`` (restore,
+resume, retire, forget).
+"""
+
+from __future__ import annotations
+
+from ._restore import RestoreOperations
+from ._types import (
+    RETIRE_ORDER,
+    CheckpointCancelledError,
+    CheckpointNotReadyError,
+    CheckpointOutcome,
+    FaultHook,
+    MissingParticipantError,
+    PublicationHandle,
+    RestoreFailedError,
+    RestoreOutcome,
+    TokenSnapshotSource,
+)
+
+__all__ = [
+    "RETIRE_ORDER",
+    "CheckpointCancelledError",
+    "CheckpointNotReadyError",
+    "CheckpointOutcome",
+    "Coordinator",
+    "FaultHook",
+    "MissingParticipantError",
+    "PublicationHandle",
+    "RestoreFailedError",
+    "RestoreOutcome",
+    "TokenSnapshotSource",
+]
+
+
+class Coordinator(RestoreOperations):
+    """Runs checkpoint cycles and restores over a fixed set of participants.
+
+    ``participants`` are any :class:`~rollout_checkpoint.control.ParticipantControl` (in-process
+    or remote clients), unique by ``(kind, instance)``. ``token_source`` (optional) is snapshotted
+    under each checkpoint id and its receipt bound into the global record. One cycle runs at a
+    time per coordinator (an asynchronous one until its publication ended); two coordinators
+    racing on one checkpoint id cannot both publish.
+    """

@@ -1,0 +1,175 @@
+"""What every coordinator operation shares: the participants in prepare order, the fault hook,
+retried idempotent calls, concurrent stages, deadlines and resume-everyone (also the abort)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from functools import partial
+from typing import Any, TypeVar
+
+from ..control import PREPARE_ORDER, ParticipantControl
+from ..errors import DeadlineExceededError
+from ..recovery import TokenSnapshotLoader
+from ..registry import LiveExecutionRegistry
+from ..store import ObjectStore, open_store
+from ._types import RETRYABLE, CheckpointCancelledError, FaultHook, TokenSnapshotSource, participant_name
+
+__all__ = ["CoordinatorCore", "Laps"]
+
+log = logging.getLogger("rollout_checkpoint.coordinator")
+
+T = TypeVar("T")
+
+
+class Laps:
+    """Named durations of a cycle's steps (``CheckpointOutcome.timings``)."""
+
+    def __init__(self) -> None:
+        self.started = self.mark = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, name: str) -> float:
+        now = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.mark
+        self.mark = now
+        return now
+
+
+class CoordinatorCore:
+    """The coordinator's state and shared helpers (the operations live in the subclasses)."""
+
+    def __init__(
+        self,
+        store: str | ObjectStore,
+        participants: Sequence[ParticipantControl],
+        registry: LiveExecutionRegistry,
+        token_source: TokenSnapshotSource | None = None,
+        *,
+        accept_unsafe_store: bool = False,
+        fault_hook: FaultHook | None = None,
+        clock: Callable[[], float] = time.time,
+        token_snapshot_loader: TokenSnapshotLoader | None = None,
+        cleanup_grace_s: float = 30.0,
+        call_retries: int = 2,
+        writer_options: Mapping[str, Any] | None = None,
+        coordinator_id: str | None = None,
+    ) -> None:
+        self.store = open_store(store)
+        self.participants = list(participants)
+        self.registry = registry
+        self.token_source = token_source
+        self.accept_unsafe_store = accept_unsafe_store
+        self.fault_hook = fault_hook
+        self.clock = clock
+        self.token_snapshot_loader = token_snapshot_loader
+        self.cleanup_grace_s = cleanup_grace_s
+        self.call_retries = call_retries
+        self.writer_options = dict(writer_options or {})
+        self.coordinator_id = coordinator_id or uuid.uuid4().hex
+        self._names = [participant_name(p) for p in self.participants]
+        if len(set(self._names)) != len(self._names):
+            raise ValueError(f"participants must be unique by kind/instance: {self._names}")
+        unknown = [n for n in self._names if n.split("/", 1)[0] not in PREPARE_ORDER]
+        if unknown:
+            raise ValueError(f"participants of unknown kind: {unknown}")
+        # Held by a cycle until its publication ends (an asynchronous one releases it from its
+        # background thread), so a checkpoint or restore waits for the previous publication.
+        self._cycle = threading.Lock()
+        self._cancel = threading.Event()
+        self._last_sequence = 0
+        self._refused: dict[str, tuple[str, list[str]]] = {}  # restore id -> (source, lacking)
+
+    def cancel(self) -> None:
+        """Stop the running cycle (or its background publication) at its next step if it has
+        not reached the commit point."""
+        self._cancel.set()
+
+    def _step(self, name: str) -> None:
+        if self._cancel.is_set():
+            raise CheckpointCancelledError(f"checkpoint cancelled before step {name!r}", step=name)
+        if self.fault_hook is not None:
+            self.fault_hook(name)
+
+    def _ordered(self) -> list[tuple[str, ParticipantControl]]:
+        return sorted(
+            zip(self._names, self.participants, strict=True),
+            key=lambda item: (PREPARE_ORDER.index(item[0].split("/", 1)[0]), item[0]),
+        )
+
+    @staticmethod
+    def _stage(
+        ordered: Sequence[tuple[str, ParticipantControl]], kind: str
+    ) -> list[tuple[str, ParticipantControl]]:
+        return [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
+
+    def _call(self, name: str, step: str, fn: Callable[..., T], *args: Any, hook: bool = True) -> T:
+        if hook:
+            self._step(f"{step}:{name}")
+        for attempt in range(self.call_retries + 1):
+            try:
+                return fn(*args)
+            except RETRYABLE:
+                if attempt >= self.call_retries:
+                    raise
+                log.warning("%s %s: answer lost, repeating the idempotent call", step, name)
+        raise AssertionError("unreachable")
+
+    def _fan_out(self, calls: Sequence[tuple[str, Callable[[], T]]]) -> list[tuple[str, T]]:
+        """Run the calls of one stage concurrently (a remote participant answers slowly); every
+        call has finished when this returns, and the first failure, in stage order, is raised."""
+        if len(calls) <= 1:
+            return [(name, fn()) for name, fn in calls]
+        with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="coordinator") as pool:
+            futures = [pool.submit(fn) for _, fn in calls]
+            wait(futures)
+        failures = [
+            (name, f.exception()) for (name, _), f in zip(calls, futures, strict=True) if f.exception()
+        ]
+        for name, error in failures[1:]:
+            log.warning("%s also failed in the same stage: %s", name, error)
+        if failures:
+            error = failures[0][1]
+            assert error is not None
+            raise error
+        return [(name, f.result()) for (name, _), f in zip(calls, futures, strict=True)]
+
+    def _check_deadline(self, cid: str, deadline: float, step: str) -> None:
+        if self.clock() >= deadline:
+            raise DeadlineExceededError(
+                f"checkpoint {cid}: deadline passed before {step}; aborted", checkpoint_id=cid, step=step
+            )
+
+    def _abort(self, cid: str, touched: Sequence[tuple[str, ParticipantControl]], deadline: float) -> None:
+        """Resume (= abort) every participant prepare reached, in reverse order; never raises."""
+        errors = self._resume_all(cid, list(touched), deadline, hook=False)
+        for error in errors:
+            log.warning("abort of checkpoint %s: %s", cid, error)
+
+    def _resume_all(
+        self, cid: str, ordered: Sequence[tuple[str, ParticipantControl]], deadline: float, *, hook: bool
+    ) -> list[str]:
+        def resume_one(name: str, participant: ParticipantControl) -> str | None:
+            first = hook
+            for attempt in range(self.call_retries + 1):
+                try:
+                    if first:
+                        first = False
+                        self._step(f"resume:{name}")
+                    participant.resume(cid, max(deadline, self.clock() + self.cleanup_grace_s))
+                    return None
+                except Exception as exc:
+                    if attempt >= self.call_retries:
+                        return f"resume of {name} failed: {exc}"
+            return None
+
+        errors: list[str] = []
+        for kind in reversed(PREPARE_ORDER):
+            stage = self._stage(ordered, kind)
+            outcomes = self._fan_out([(name, partial(resume_one, name, p)) for name, p in reversed(stage)])
+            errors.extend(error for _, error in outcomes if error is not None)
+        return errors

@@ -1,0 +1,340 @@
+"""The checkpoint cycle, synchronous or asynchronous (``docs/protocol.md``, "Checkpoint cycle"
+and "Asynchronous publication").
+
+Synchronous: freeze dispatch -> prepare -> commit -> publication (``_publication``) -> latest
+-> resume. Asynchronous: freeze dispatch -> prepare -> commit(``async``: each participant
+freezes an in-memory snapshot and answers ``frozen``) -> registry snapshot -> resume, which ends
+the pause; then, on a background thread: collect every upload -> publication -> latest.
+Either way a failure before the commit point publishes nothing; a failure after it never
+un-publishes (the outcome reports it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import cast
+
+from pydantic import JsonValue
+
+from ..control import (
+    PREPARE_ORDER,
+    AsyncParticipantControl,
+    CommitReply,
+    ParticipantControl,
+    Phase,
+    PrepareReport,
+    Publication,
+)
+from ..errors import IntegrityError, ManifestConflictError, ObjectExistsError
+from ..ids import ExecutionId, validate_id
+from ..manifests import GlobalCheckpointRecord, LatestUpdate, ObjectRef, advance_latest, new_checkpoint_id
+from ..registry import LiveExecutionRegistry
+from ..store import ObjectStore
+from ._core import Laps, log
+from ._publication import Committed, Publisher, registry_snapshot
+from ._types import CheckpointNotReadyError, CheckpointOutcome, HookedStore, PublicationHandle
+
+__all__ = ["CheckpointCycle"]
+
+Ordered = list[tuple[str, ParticipantControl]]
+
+
+class CheckpointCycle(Publisher):
+    """``checkpoint`` / ``checkpoint_async`` / ``wait_until_finished``."""
+
+    _pending: PublicationHandle | None = None
+
+    def checkpoint(
+        self,
+        checkpoint_id: str | None = None,
+        *,
+        deadline_s: float = 60.0,
+        framework_state: JsonValue = None,
+        publication: Publication = "sync",
+    ) -> CheckpointOutcome:
+        """Run one cycle and publish ``checkpoint_id`` (default ``ckpt-<UTC time>-<8 hex>``).
+
+        Raises (after aborting: every participant resumed, nothing published) on any failure
+        before the commit point: :class:`CheckpointNotReadyError`, :class:`CheckpointCancelledError`,
+        :class:`~rollout_checkpoint.errors.ManifestConflictError` when another coordinator
+        published this id, or the participant's / store's own error.
+
+        ``publication="async"`` resumes the participants as soon as every snapshot is frozen
+        and publishes in the background; this call still waits for the publication (see
+        :meth:`checkpoint_async` for the handle). ``deadline_s`` bounds the whole cycle,
+        background publication included.
+        """
+        if publication == "async":
+            return self.checkpoint_async(
+                checkpoint_id, deadline_s=deadline_s, framework_state=framework_state
+            ).result()
+        if publication != "sync":
+            raise ValueError(f"publication must be 'sync' or 'async', not {publication!r}")
+        cid = validate_id(checkpoint_id or new_checkpoint_id(), "checkpoint_id")
+        self.store.require_atomic_commits(accept_risk=self.accept_unsafe_store)
+        with self._cycle:
+            self._cancel.clear()
+            return self._run_sync(cid, deadline_s, framework_state)
+
+    def checkpoint_async(
+        self,
+        checkpoint_id: str | None = None,
+        *,
+        deadline_s: float = 60.0,
+        framework_state: JsonValue = None,
+    ) -> PublicationHandle:
+        """Pause, freeze every participant, resume them, and return while the publication runs.
+
+        Waits first for the previous publication to end (one at a time, as Orbax does). A
+        failure before the resume raises here (aborted, nothing published); a failure of the
+        background publication is raised by :meth:`PublicationHandle.result` (nothing
+        published; the previous checkpoint stays the newest)."""
+        lacking = [n for n, p in self._ordered() if not isinstance(p, AsyncParticipantControl)]
+        if lacking:
+            raise ValueError(f"asynchronous publication needs commit(publication=) and collect: {lacking}")
+        cid = validate_id(checkpoint_id or new_checkpoint_id(), "checkpoint_id")
+        self.store.require_atomic_commits(accept_risk=self.accept_unsafe_store)
+        self._cycle.acquire()
+        try:
+            self._cancel.clear()
+            handle = self._run_async(cid, deadline_s, framework_state)
+        except BaseException:
+            self._cycle.release()
+            raise
+        return handle
+
+    def wait_until_finished(self, timeout: float | None = None) -> bool:
+        """Wait for the running background publication (if any); ``False`` on timeout. Its
+        failure is not raised here: :meth:`PublicationHandle.result` reports it."""
+        pending = self._pending
+        if pending is None:
+            return True
+        try:
+            pending.result(timeout)
+        except TimeoutError:
+            return pending.done()
+        except BaseException:
+            pass
+        return True
+
+    # -- shared steps ------------------------------------------------------------------------------
+    def _prepare_all(self, cid: str, deadline: float, ordered: Ordered, touched: Ordered) -> None:
+        """Prepare stage by stage; stop at the first stage that is not ready."""
+        for kind in PREPARE_ORDER:
+            stage = self._stage(ordered, kind)
+            touched.extend(stage)
+            reports: list[tuple[str, PrepareReport]] = self._fan_out(
+                [
+                    (name, partial(self._call, name, "prepare", participant.prepare, cid, deadline))
+                    for name, participant in stage
+                ]
+            )
+            blocked = [(n, r) for n, r in reports if not r.ready]
+            if blocked:
+                raise CheckpointNotReadyError(
+                    f"checkpoint {cid}: stage {kind!r} not ready: "
+                    + "; ".join(
+                        f"{n}: {r.blocker_count} blockers {list(r.blockers[:5])}" for n, r in blocked
+                    ),
+                    checkpoint_id=cid,
+                    stage=kind,
+                    blockers={n: list(r.blockers) for n, r in blocked},
+                )
+
+    def _commit_all(
+        self,
+        cid: str,
+        deadline: float,
+        ordered: Ordered,
+        hooked: ObjectStore,
+        live: list[ExecutionId],
+        publication: Publication,
+    ) -> Committed:
+        """Commit every participant under the frozen membership, stage by stage, the
+        participants of one stage concurrently."""
+        replies: Committed = []
+        for kind in PREPARE_ORDER:
+            group = self._stage(ordered, kind)
+            calls = []
+            for name, p in group:
+                commit = p.commit if publication == "sync" else partial(_async(p).commit, publication="async")
+                calls.append((name, partial(self._call, name, "commit", commit, cid, hooked, deadline, live)))
+            committed: list[tuple[str, CommitReply]] = self._fan_out(calls)
+            replies.extend((name, p, reply) for (name, p), (_, reply) in zip(group, committed, strict=True))
+        return replies
+
+    def _latest(
+        self, cid: str, record: GlobalCheckpointRecord, ref: ObjectRef, errors: list[str]
+    ) -> LatestUpdate | None:
+        """After the commit point nothing un-publishes: failures are reported, not raised."""
+        try:
+            self._step("latest")
+            return advance_latest(self.store, record, ref, now=self.clock)
+        except Exception as exc:
+            errors.append(f"latest pointer not moved: {exc}")
+            log.warning("checkpoint %s published but the latest pointer was not moved: %s", cid, exc)
+            return None
+
+    # -- synchronous -------------------------------------------------------------------------------
+    def _run_sync(self, cid: str, deadline_s: float, framework_state: JsonValue) -> CheckpointOutcome:
+        laps = Laps()
+        deadline = self.clock() + deadline_s
+        hooked = HookedStore(self.store, self._step)
+        ordered = self._ordered()
+        touched: Ordered = []
+        self._step("freeze")
+        with self.registry.frozen(cid) as live:
+            try:
+                self._prepare_all(cid, deadline, ordered, touched)
+                commit_started = laps.lap("prepare")
+                committed = self._commit_all(cid, deadline, ordered, hooked, live, "sync")
+                laps.lap("commit")
+                record, ref = self._complete(
+                    cid, deadline, hooked, committed, self.registry, framework_state, laps
+                )
+            except BaseException as exc:
+                self._abort(cid, touched, deadline)
+                if isinstance(exc, ObjectExistsError):
+                    raise _conflict(cid, exc) from exc
+                raise
+            publish_seconds = laps.mark - commit_started
+            errors: list[str] = []
+            latest = self._latest(cid, record, ref, errors)
+            laps.lap("latest")
+            errors.extend(self._resume_all(cid, ordered, deadline, hook=True))
+            now = laps.lap("resume")
+        return CheckpointOutcome(
+            checkpoint_id=cid,
+            record=record,
+            record_ref=ref,
+            latest=latest,
+            post_commit_errors=tuple(errors),
+            pause_seconds=now - laps.started,
+            publish_seconds=publish_seconds,
+            timings=laps.timings,
+        )
+
+    # -- asynchronous ------------------------------------------------------------------------------
+    def _run_async(self, cid: str, deadline_s: float, framework_state: JsonValue) -> PublicationHandle:
+        laps = Laps()
+        deadline = self.clock() + deadline_s
+        hooked = HookedStore(self.store, self._step)
+        ordered = self._ordered()
+        touched: Ordered = []
+        self._step("freeze")
+        with self.registry.frozen(cid) as live:
+            try:
+                self._prepare_all(cid, deadline, ordered, touched)
+                commit_started = laps.lap("prepare")
+                frozen = self._commit_all(cid, deadline, ordered, hooked, live, "async")
+                for name, _, reply in frozen:
+                    if reply.phase is not Phase.FROZEN or reply.checkpoint_id != cid:
+                        raise IntegrityError(
+                            f"{name}: asynchronous commit of {cid} answered {reply.phase.value} "
+                            f"for {reply.checkpoint_id}",
+                            checkpoint_id=cid,
+                        )
+                laps.lap("commit")
+                self._step("registry_snapshot")
+                snapshot = registry_snapshot(self.registry)
+                laps.lap("registry_snapshot")
+            except BaseException:
+                self._abort(cid, touched, deadline)
+                raise
+        # every snapshot is frozen: end the pause before any encoding or upload waits on it
+        resume_errors = self._resume_all(cid, ordered, deadline, hook=True)
+        now = laps.lap("resume")
+        handle = PublicationHandle(cid, now - laps.started)
+        self._pending = handle
+
+        def background() -> None:
+            try:
+                handle._settle(
+                    lambda: self._publish_async(
+                        cid,
+                        deadline,
+                        hooked,
+                        frozen,
+                        snapshot,
+                        framework_state,
+                        laps,
+                        commit_started,
+                        handle,
+                        resume_errors,
+                    )
+                )
+            finally:
+                self._cycle.release()
+
+        threading.Thread(target=background, name=f"publish-{cid}").start()
+        return handle
+
+    def _publish_async(
+        self,
+        cid: str,
+        deadline: float,
+        hooked: ObjectStore,
+        frozen: Committed,
+        snapshot: LiveExecutionRegistry,
+        framework_state: JsonValue,
+        laps: Laps,
+        commit_started: float,
+        handle: PublicationHandle,
+        resume_errors: list[str],
+    ) -> CheckpointOutcome:
+        try:
+            collected: list[tuple[str, CommitReply]] = self._fan_out(
+                [
+                    (
+                        name,
+                        partial(
+                            self._call,
+                            name,
+                            "collect",
+                            cast(AsyncParticipantControl, p).collect,
+                            cid,
+                            deadline,
+                        ),
+                    )
+                    for name, p, _ in frozen
+                ]
+            )
+            committed = [(name, p, reply) for (name, p, _), (_, reply) in zip(frozen, collected, strict=True)]
+            laps.lap("collect")
+            record, ref = self._complete(cid, deadline, hooked, committed, snapshot, framework_state, laps)
+        except BaseException as exc:
+            log.warning("checkpoint %s: background publication failed, nothing published: %s", cid, exc)
+            if isinstance(exc, ObjectExistsError):
+                raise _conflict(cid, exc) from exc
+            raise
+        publish_seconds = laps.mark - commit_started
+        errors: list[str] = []
+        latest = self._latest(cid, record, ref, errors)
+        laps.lap("latest")
+        return CheckpointOutcome(
+            checkpoint_id=cid,
+            record=record,
+            record_ref=ref,
+            latest=latest,
+            post_commit_errors=tuple(resume_errors + errors),
+            pause_seconds=handle.pause_seconds,
+            publish_seconds=publish_seconds,
+            timings=laps.timings,
+            publication="async",
+        )
+
+
+def _async(participant: ParticipantControl) -> AsyncParticipantControl:
+    return cast(AsyncParticipantControl, participant)  # checked by checkpoint_async
+
+
+def _collect(participant: ParticipantControl) -> Callable[[str, float], CommitReply]:
+    return _async(participant).collect
+
+
+def _conflict(cid: str, exc: ObjectExistsError) -> ManifestConflictError:
+    return ManifestConflictError(
+        f"checkpoint {cid}: another writer already committed here ({exc})", checkpoint_id=cid
+    )

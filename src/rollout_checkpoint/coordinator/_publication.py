@@ -1,0 +1,210 @@
+"""Publication: from committed component manifests to the global checkpoint record.
+
+Shared by both publication modes. Every component manifest is validated (the digest its commit
+reply names, the bytes, its identity, every shard and index digest), the registry component is
+written and validated, then the aggregate manifest, the token-store snapshot (validated), and
+last THE COMMIT POINT: the sequence claim and the global record, both create-only. Synchronous
+publication runs this while the participants are paused; asynchronous publication runs it on a
+background thread after the resume, from the frozen registry snapshot.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from .. import layout
+from ..archive import ArchiveReader
+from ..control import PREPARE_ORDER, CommitReply, ParticipantControl, Phase
+from ..errors import IntegrityError, ManifestConflictError, SequenceTakenError
+from ..manifests import (
+    AggregateManifest,
+    ComponentRef,
+    GlobalCheckpointRecord,
+    ObjectRef,
+    new_commit_token,
+    publish_record,
+    write_aggregate,
+)
+from ..published import iter_candidates, next_sequence
+from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry, RegistryEntry
+from ..store import ObjectStore
+from ._core import CoordinatorCore, Laps, log
+from ._types import receipt_json
+
+__all__ = ["Publisher", "registry_snapshot"]
+
+_SEQUENCE_ATTEMPTS = 32
+
+Committed = list[tuple[str, ParticipantControl, CommitReply]]
+
+
+def registry_snapshot(registry: LiveExecutionRegistry) -> LiveExecutionRegistry:
+    """A private copy of the registry, taken atomically (under its lock) while dispatch is
+    frozen: an asynchronous publication writes the registry component from it after the
+    resume, whatever the framework does with the live registry meanwhile."""
+    with registry._lock:  # one consistent cut of entries and tombstones
+        entries = [
+            RegistryEntry(i.rollout_id, i.attempt, i.state, i.input_digest, i.restart_only, i.result)
+            for i in registry.executions()
+        ]
+        retired = registry.retired()
+    copy = LiveExecutionRegistry()
+    copy.install(entries, retired)
+    return copy
+
+
+class Publisher(CoordinatorCore):
+    """Steps 3 to 7 of the cycle (``docs/protocol.md``) and the checks they make."""
+
+    def _complete(
+        self,
+        cid: str,
+        deadline: float,
+        hooked: ObjectStore,
+        committed: Committed,
+        registry: LiveExecutionRegistry,
+        framework_state: JsonValue,
+        laps: Laps,
+    ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
+        # 3. validate every component manifest (digest named by the reply) and its bytes
+        components: list[ComponentRef] = []
+        for name, participant, reply in committed:
+            self._step(f"validate:{name}")
+            components.append(self._validate(cid, participant, reply))
+        laps.lap("validate")
+
+        # 4. the framework's own component: the live-execution registry
+        self._check_deadline(cid, deadline, "registry")
+        _, registry_ref = registry.write_component(hooked, cid, **self.writer_options)
+        self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
+        components.append(
+            self._validate_ref(cid, REGISTRY_KIND, REGISTRY_INSTANCE, "framework", None, registry_ref)
+        )
+        laps.lap("registry")
+
+        # 5. aggregate manifest, create-only
+        token = new_commit_token()
+        created_at = datetime.fromtimestamp(self.clock(), tz=UTC)
+        aggregate = AggregateManifest(
+            checkpoint_id=cid,
+            commit_token=token,
+            created_at=created_at,
+            prepare_order=list(PREPARE_ORDER),
+            components=components,
+            dispatched=len(registry),
+        )
+        aggregate_ref = write_aggregate(hooked, aggregate)
+        laps.lap("aggregate")
+
+        # 6. token-store snapshot bound to this checkpoint id, validated before use
+        receipt: dict[str, JsonValue] | None = None
+        if self.token_source is not None:
+            self._step("token_snapshot")
+            source = self.token_source
+            receipt = receipt_json(self._call("tokens", "snapshot", source.snapshot, cid, hook=False))
+            self._validate_snapshot(receipt)
+        laps.lap("tokens")
+
+        # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
+        self._check_deadline(cid, deadline, "publish")
+        self._step("publish")
+        record, ref = self._publish(
+            cid, token, created_at, aggregate_ref, components, receipt, framework_state, registry
+        )
+        self._last_sequence = record.sequence
+        laps.lap("publish")
+        return record, ref
+
+    def _publish(
+        self,
+        cid: str,
+        token: str,
+        created_at: datetime,
+        aggregate_ref: ObjectRef,
+        components: list[ComponentRef],
+        receipt: dict[str, JsonValue] | None,
+        framework_state: JsonValue,
+        registry: LiveExecutionRegistry,
+    ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
+        """Claim the next sequence (derived from the published log, never from ``latest.json``)
+        and create the record; a sequence another publisher won is retried one later."""
+        for _ in range(_SEQUENCE_ATTEMPTS):
+            newest = next(iter_candidates(self.store), None)
+            record = GlobalCheckpointRecord(
+                checkpoint_id=cid,
+                sequence=next_sequence(self.store, self._last_sequence),
+                created_at=created_at,
+                commit_token=token,
+                coordinator_id=self.coordinator_id,
+                previous_checkpoint_id=newest.checkpoint_id if newest is not None else None,
+                aggregate=aggregate_ref,
+                components=components,
+                token_snapshot=receipt,
+                framework_state=framework_state,
+                counts=registry.counts(),
+            ).sealed()
+            try:
+                return record, publish_record(self.store, record)
+            except SequenceTakenError:
+                log.info("checkpoint %s: sequence %d taken by another publisher", cid, record.sequence)
+        raise ManifestConflictError(
+            f"checkpoint {cid}: lost the race for a sequence number {_SEQUENCE_ATTEMPTS} times in a row",
+            checkpoint_id=cid,
+        )
+
+    def _validate(self, cid: str, participant: ParticipantControl, reply: CommitReply) -> ComponentRef:
+        caps = participant.capabilities()
+        if (reply.checkpoint_id, reply.kind, reply.instance) != (cid, caps.kind, caps.instance):
+            raise IntegrityError(
+                f"commit reply of {caps.kind}/{caps.instance} names {reply.kind}/{reply.instance} "
+                f"of checkpoint {reply.checkpoint_id}",
+                checkpoint_id=cid,
+            )
+        if (
+            reply.phase is not Phase.COMMITTED
+            or reply.manifest_key is None
+            or reply.manifest_sha256 is None
+            or reply.manifest_bytes is None
+        ):
+            raise IntegrityError(
+                f"{caps.kind}/{caps.instance}: the reply of checkpoint {cid} is {reply.phase.value}, "
+                "not committed",
+                checkpoint_id=cid,
+            )
+        ref = ObjectRef(key=reply.manifest_key, sha256=reply.manifest_sha256, bytes=reply.manifest_bytes)
+        return self._validate_ref(cid, caps.kind, caps.instance, "participant", caps.mode, ref)
+
+    def _validate_ref(
+        self, cid: str, kind: str, instance: str, role: str, mode: str | None, ref: Any
+    ) -> ComponentRef:
+        prefix = layout.component_prefix(cid, kind, instance)
+        if ref.key != f"{prefix}/{layout.MANIFEST_NAME}":
+            raise IntegrityError(f"{kind}/{instance}: manifest {ref.key} is not at {prefix}", key=ref.key)
+        reader = ArchiveReader.open(self.store, prefix, expected_sha256=ref.sha256)
+        if reader.manifest_ref.bytes != ref.bytes:
+            raise IntegrityError(
+                f"{ref.key}: {reader.manifest_ref.bytes} bytes, expected {ref.bytes}", key=ref.key
+            )
+        manifest = reader.manifest
+        if (manifest.checkpoint_id, manifest.participant_kind, manifest.instance) != (cid, kind, instance):
+            raise IntegrityError(f"{ref.key}: manifest names another component", key=ref.key)
+        reader.verify()
+        return ComponentRef(
+            kind=kind,
+            instance=instance,
+            role="participant" if role == "participant" else "framework",
+            mode=mode,
+            prefix=prefix,
+            manifest=ObjectRef(key=ref.key, sha256=ref.sha256, bytes=ref.bytes),
+        )
+
+    def _validate_snapshot(self, receipt: dict[str, JsonValue]) -> None:
+        if self.token_snapshot_loader is not None:
+            self.token_snapshot_loader(self.store, receipt)
+            return
+        from ..recovery import default_token_snapshot_loader
+
+        default_token_snapshot_loader(self.store, receipt)

@@ -1,0 +1,210 @@
+"""Restore orchestration, explicit resume, retire and forget.
+
+A restore (like a checkpoint) waits for a pending asynchronous publication first, so it restores
+from the newest checkpoint that exists once that publication ended; ``forget`` waits for it too
+(its token snapshot must still list the forgotten rollouts); ``retire`` does not wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from functools import partial
+
+from ..control import PREPARE_ORDER, ParticipantControl, ResumeReply
+from ..errors import CheckpointError, InvalidPhaseError
+from ..ids import ExecutionId, validate_id
+from ..manifests import new_checkpoint_id
+from ..recovery import load_checkpoint
+from ._core import log
+from ._cycle import CheckpointCycle
+from ._types import RETIRE_ORDER, MissingParticipantError, RestoreFailedError, RestoreOutcome
+
+__all__ = ["RestoreOperations"]
+
+
+class RestoreOperations(CheckpointCycle):
+    """``restore`` / ``resume`` / ``retire`` / ``forget``."""
+
+    # -- restore ---------------------------------------------------------------------------------
+    def restore(
+        self,
+        checkpoint_id: str | None = None,
+        *,
+        deadline_s: float = 60.0,
+        restore_id: str | None = None,
+        verify: bool = False,
+        fallback: bool = False,
+    ) -> RestoreOutcome:
+        """Restore a published checkpoint (latest by default) into the participants.
+
+        All-or-nothing: the checkpoint is loaded and classified first (a rejected checkpoint
+        touches nothing); then every participant restores the ``continue`` executions as attempt
+        N+1 under a new ``restore_id``. If any participant fails, the new attempts are retired
+        everywhere, every participant is resumed, the registry is left unchanged and
+        :class:`RestoreFailedError` is raised. On success the registry holds the rebuilt plan
+        and the participants stay paused until :meth:`resume` ``(restore_id)``.
+        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.recovery.load_checkpoint`:
+        digest-check everything first, and use the newest checkpoint that loads (verifies) when
+        the requested one is damaged (``outcome.plan.skipped`` says what was passed over).
+        """
+        with self._cycle:
+            plan = load_checkpoint(
+                self.store,
+                checkpoint_id,
+                verify=verify,
+                fallback=fallback,
+                token_snapshot_loader=self.token_snapshot_loader,
+            )
+            rid = validate_id(restore_id or new_checkpoint_id("restore"), "restore_id")
+            listed = sorted(f"{c.kind}/{c.instance}" for c in plan.participant_components())
+            missing = [name for name in listed if name not in self._names]
+            if missing:
+                self._refused[rid] = (plan.checkpoint_id, missing)
+                raise self._missing(rid, plan.checkpoint_id, missing)
+            entries, retired = plan.registry_entries()
+            if self.registry.frozen_by is not None:
+                raise InvalidPhaseError(f"restore: checkpoint {self.registry.frozen_by} holds the registry")
+            deadline = self.clock() + deadline_s
+            continued = [p.execution for p in plan.continued]
+            fresh = [p.execution for p in plan.fresh]
+            ordered = self._ordered()
+            touched: list[tuple[str, ParticipantControl]] = []
+            restored: dict[str, tuple[ExecutionId, ...]] = {}
+            try:
+                for kind in PREPARE_ORDER:
+                    group = [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
+                    touched.extend(group)
+                    for name, reply in self._fan_out(
+                        [
+                            (
+                                name,
+                                partial(
+                                    self._call,
+                                    name,
+                                    "restore",
+                                    participant.restore,
+                                    rid,
+                                    plan.checkpoint_id,
+                                    self.store,
+                                    deadline,
+                                    continued,
+                                ),
+                            )
+                            for name, participant in group
+                        ]
+                    ):
+                        restored[name] = tuple(reply.restored)
+                # Fence attempt N of every non-completed rollout at every participant that did not
+                # restore it (a restoring participant fenced its own), so a late request from N
+                # is refused everywhere.
+                for stage in RETIRE_ORDER:
+                    for name, participant in ordered:
+                        if name.split("/", 1)[0] not in stage:
+                            continue
+                        mine = {e.rollout_id for e in restored.get(name, ())}
+                        batch = fresh + [e for e in continued if e.rollout_id not in mine]
+                        if batch:
+                            self._call(name, "retire", participant.retire, batch, deadline)
+                self.registry.install(entries, retired)
+            except BaseException as exc:
+                self._undo_restore(rid, touched, continued, deadline)
+                if isinstance(exc, CheckpointError):
+                    raise RestoreFailedError(
+                        f"restore {rid} of {plan.checkpoint_id} failed and was rolled back: {exc.message}; "
+                        "the new attempts are retired here, so restart those rollouts from their input "
+                        "or restore into fresh participants",
+                        restore_id=rid,
+                        checkpoint_id=plan.checkpoint_id,
+                        cause=exc.code,
+                    ) from exc
+                raise
+            return RestoreOutcome(rid, plan.checkpoint_id, plan, restored)
+
+    def _undo_restore(
+        self,
+        rid: str,
+        touched: Sequence[tuple[str, ParticipantControl]],
+        continued: Sequence[ExecutionId],
+        deadline: float,
+    ) -> None:
+        cleanup = max(deadline, self.clock() + self.cleanup_grace_s)
+        new_attempts = [e.next_attempt() for e in continued]
+        for stage in RETIRE_ORDER:
+            for name, participant in touched:
+                if name.split("/", 1)[0] in stage and new_attempts:
+                    try:
+                        participant.retire(new_attempts, cleanup)
+                    except Exception as exc:
+                        log.warning("restore %s: retiring new attempts at %s failed: %s", rid, name, exc)
+        for error in self._resume_all(rid, list(touched), cleanup, hook=False):
+            log.warning("restore %s: %s", rid, error)
+
+    def _missing(self, rid: str, source: str, missing: Sequence[str]) -> MissingParticipantError:
+        return MissingParticipantError(
+            f"restore {rid} of {source} refused: the checkpoint lists participant(s) "
+            f"{', '.join(missing)}, which this coordinator does not have; nothing was restored "
+            "or resumed",
+            restore_id=rid,
+            checkpoint_id=source,
+            missing=list(missing),
+        )
+
+    def resume(self, checkpoint_id: str, *, deadline_s: float = 30.0) -> list[ResumeReply]:
+        """Resume every participant (reverse prepare order): ends a restore's pause.
+
+        A restore refused for a missing participant cannot be resumed either
+        (:class:`MissingParticipantError`): nothing of it may run.
+        """
+        refused = self._refused.get(checkpoint_id)
+        if refused is not None:
+            raise self._missing(checkpoint_id, *refused)
+        deadline = self.clock() + deadline_s
+        replies: list[ResumeReply] = []
+        for name, participant in reversed(self._ordered()):
+            replies.append(
+                self._call(name, "resume", participant.resume, checkpoint_id, deadline, hook=False)
+            )
+        return replies
+
+    # -- retire / forget ---------------------------------------------------------------------------
+    def retire(self, executions: Iterable[ExecutionId], *, deadline_s: float = 30.0) -> None:
+        """Retire attempts everywhere (callers before callees, :data:`RETIRE_ORDER`) and in the
+        registry (where they are still live there)."""
+        batch = list(executions)
+        if not batch:
+            return
+        deadline = self.clock() + deadline_s
+        ordered = self._ordered()
+        for stage in RETIRE_ORDER:
+            self._fan_out(
+                [
+                    (
+                        name,
+                        partial(self._call, name, "retire", participant.retire, batch, deadline, hook=False),
+                    )
+                    for name, participant in ordered
+                    if name.split("/", 1)[0] in stage
+                ]
+            )
+        for execution in batch:
+            with contextlib.suppress(CheckpointError):
+                self.registry.retire(execution)
+
+    def forget(self, rollout_ids: Iterable[str]) -> None:
+        """The framework is done with these rollouts for good: drop tombstones everywhere, and
+        their token data from later token-store snapshots (if the token source can forget)."""
+        ids = list(rollout_ids)
+        # The token snapshot of a pending asynchronous publication must still list these
+        # rollouts' token data, so forgetting waits for it (retire needs no wait: every
+        # snapshot it could change is frozen).
+        self.wait_until_finished()
+        ordered = self._ordered()
+        for stage in RETIRE_ORDER:
+            for name, participant in ordered:
+                if name.split("/", 1)[0] in stage:
+                    self._call(name, "forget", participant.forget, ids, hook=False)
+        self.registry.forget(ids)
+        forget_tokens = getattr(self.token_source, "forget", None)
+        if callable(forget_tokens):  # later snapshots leave their token data out: gc can drop it
+            forget_tokens(ids)

@@ -1,0 +1,90 @@
+"""Kill a real process (SIGKILL) at every step of an asynchronous cycle that runs after the
+resume (the participants' background uploads and the coordinator's publication), then check the
+store: nothing is published unless the kill came after the commit point, the baseline stays the
+newest, and a fresh process restores it and runs a clean cycle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout_checkpoint.manifests import read_latest
+from rollout_checkpoint.published import list_published
+from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.store import LocalStore
+
+WORKER = Path(__file__).with_name("_crash_worker.py")
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str, expect_kill: bool = False) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if expect_kill:
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stdout, proc.stderr)
+    else:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("async-crash")
+    baseline = root / "baseline"
+    assert json.loads(_run(str(baseline), "baseline"))["checkpoint_id"] == "ck-baseline"
+    steps = json.loads(_run(str(root / "steps"), "async-steps"))
+    first_background = next(i for i, s in enumerate(steps) if s.startswith(("open_write:", "put:")))
+    return baseline, steps[first_background:]
+
+
+@pytest.mark.timeout(600)
+def test_kill_at_every_background_step(pristine: tuple[Path, list[str]], tmp_path: Path) -> None:
+    baseline, steps = pristine
+    kinds = {s.split(":", 1)[0] for s in steps}
+    assert {
+        "open_write",
+        "put_if_absent",
+        "collect",
+        "validate",
+        "token_snapshot",
+        "publish",
+        "latest",
+    } <= kinds
+    outcomes = {"published": 0, "not_published": 0}
+    for k, step in enumerate(steps):
+        if step.startswith("resume:"):
+            continue  # the resume is part of the pause (test_crash_subprocess covers the sync kills)
+        root = tmp_path / f"k{k}"
+        shutil.copytree(baseline, root)
+        cid = f"ck-async-{k}"
+        out = _run(str(root), "async-crash", step, cid, expect_kill=True)
+        store = LocalStore(root, fsync=False)
+        published = {p.checkpoint_id for p in list_published(store)}
+        pointer = read_latest(store)
+        assert pointer is not None
+        if step == "latest":
+            assert published == {"ck-baseline", cid}
+            verify_checkpoint(store, cid)
+            outcomes["published"] += 1
+        else:
+            assert published == {"ck-baseline"}, f"published although killed at {step}"
+            assert pointer[0].checkpoint_id == "ck-baseline"
+            outcomes["not_published"] += 1
+        if step.startswith(("collect:", "validate:", "token_snapshot", "publish")):
+            assert json.loads(out.splitlines()[0]) == {"resumed": True}  # killed after the resume
+        latest = load_checkpoint(store)
+        verify_checkpoint(store, latest.checkpoint_id)
+        assert latest.rollouts["done"].disposition == "completed"
+        summary = json.loads(_run(str(root), "recover"))
+        assert summary["clean"] and summary["open"]
+        assert summary["restored_from"] in published
+        verify_checkpoint(store, summary["checkpoint_id"])
+    assert outcomes["published"] == 1 and outcomes["not_published"] >= 12
