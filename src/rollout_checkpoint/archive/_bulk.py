@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from .._idcheck import ID_MAX_LENGTH, validate_id
 from ..errors import InvalidRecordError
-from ..ids import ID_MAX_LENGTH, validate_id
 
 __all__ = ["Batch", "check_batch", "encode_records", "encode_refs"]
 
@@ -168,9 +168,9 @@ def encode_records(
     ``attempt`` fields, ``key``/``revision`` from a field name or a function, payloads by orjson."""
     dumps = orjson.dumps
     try:
-        # orjson's bytes keep the capacity they grew to (several KiB for a 2 KiB record); a
-        # copy of exactly the JSON's length is what stays buffered until the row group is encoded
-        payloads = [bytes(memoryview(dumps(r))) for r in records]
+        # not copied: the writer joins each row group's payloads into one Arrow buffer at once,
+        # and these bytes die with the batch
+        payloads = [dumps(r) for r in records]
     except TypeError as exc:
         raise InvalidRecordError(f"a record is not JSON-serialisable: {exc}") from None
     return (

@@ -6,6 +6,7 @@ Kept in one module so the writer, the reader, the CLI and the docs agree on ever
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ __all__ = [
     "index_name",
     "join_key",
     "shard_name",
+    "utc_now_iso",
 ]
 
 DEFAULT_TARGET_SHARD_BYTES = 64 << 20
@@ -39,6 +41,9 @@ DEFAULT_ROW_GROUP_BYTES = 1 << 20
 """Uncompressed payload bytes after which a row group is cut (whatever the shard size): the
 writer holds about two row groups, and a point lookup downloads one."""
 DEFAULT_ZSTD_LEVEL = 1
+RECORD_SCHEMA_VERSION = 1
+"""The members' default ``schema_version`` (``records.RECORD_SCHEMA_VERSION``; kept here so the
+writer does not import the pydantic record models, and a test checks they agree)."""
 
 SHARD_FORMAT_VERSION = 1
 INDEX_FORMAT_VERSION = 1
@@ -110,3 +115,8 @@ def encode_refs(refs: Any) -> str | None:
     if refs is None:
         return None
     return json.dumps(refs, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def utc_now_iso() -> str:
+    """``2026-11-29T12:00:00.123Z``: ISO 8601, UTC, millisecond precision."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
