@@ -88,9 +88,9 @@ def metadata_from_footer(footer: bytes) -> pq.FileMetaData:
 
 INDEX_ROW_GROUP_ROWS = 1 << 16
 """Largest row group of the member index."""
-INDEX_FLUSH_ROWS = 1 << 13
-"""The writer buffers index rows until it has this many (or the shard's rows, if more), then
-writes them as one row group: at most ~1 MB of index rows in memory."""
+INDEX_FLUSH_ROWS = 1 << 11
+"""The writer buffers index rows until it has at least this many, then writes them as one row
+group: about 0.3 MB of index rows in memory (8,192 rows made a visible spike in peak RSS)."""
 
 INDEX_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "shard"]
 _SCAN_LOOKUPS = 16

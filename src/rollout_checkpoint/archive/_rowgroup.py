@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._bulk import Batch
+from ._bulk import Batch, PackedPayloads
 from ._schema import SHARD_SCHEMA
 
 __all__ = ["OpenRowGroup", "payload_array"]
@@ -45,8 +45,7 @@ def _batch(
     schema_versions: Any,
     revisions: list[int | None],
     refs: list[str | None],
-    payloads: list[bytes],
-    payload_bytes: int,
+    payloads: pa.Array,
     pool: pa.MemoryPool,
 ) -> pa.RecordBatch:
     n = len(payloads)
@@ -60,7 +59,7 @@ def _batch(
         else pa.array(schema_versions, pa.int32(), memory_pool=pool),
         pa.array(revisions, pa.int64(), memory_pool=pool),
         pa.array(refs, pa.string(), memory_pool=pool),
-        payload_array(payloads, payload_bytes),
+        payloads,
     ]
     if any(len(a) != n for a in arrays):
         raise AssertionError("columns of one row-group part differ in length")
@@ -121,6 +120,7 @@ class OpenRowGroup:
         n = end - start
         self._seal_tail()
         pool = self._pool
+        payloads = batch.payloads
         part = _batch(
             pa.repeat(pa.scalar(batch.kind, pa.string()), n, memory_pool=pool),
             batch.rollout_ids[start:end],
@@ -129,8 +129,9 @@ class OpenRowGroup:
             pa.repeat(pa.scalar(schema_version, pa.int32()), n, memory_pool=pool),
             batch.revisions[start:end],
             batch.refs[start:end],
-            batch.payloads[start:end],
-            payload_bytes,
+            payloads.arrow(start, end)
+            if isinstance(payloads, PackedPayloads)
+            else payload_array(payloads[start:end], payload_bytes),
             pool,
         )
         self.parts.append(part)
@@ -150,8 +151,7 @@ class OpenRowGroup:
             self.schema_versions,
             self.revisions,
             self.refs,
-            self.payloads,
-            self._tail_bytes,
+            payload_array(self.payloads, self._tail_bytes),
             self._pool,
         )
         self.parts.append(part)

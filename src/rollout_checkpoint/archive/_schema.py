@@ -71,7 +71,9 @@ KEY_COLUMNS = ("kind", "rollout_id", "attempt", "key")
 # Statistics only where they help pruning: min/max of a 2 KiB payload column bloat the footer
 # ~10x (archive-perf-notes.md) and no one filters on payload bytes.
 SHARD_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "schema_version", "revision"]
-SHARD_DICTIONARY_COLUMNS = ["kind", "rollout_id", "key", "refs"]
+# Dictionary encoding only where values repeat within a row group: rollout ids and refs are
+# (nearly) unique per member, so a dictionary there costs hashing and saves nothing.
+SHARD_DICTIONARY_COLUMNS = ["kind", "key"]
 
 INDEX_SCHEMA = pa.schema(
     [

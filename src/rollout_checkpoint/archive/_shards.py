@@ -100,7 +100,8 @@ class ShardRotation:
         self.meta: list[tuple[list[RowGroupSpan], bytes]] = []
         self._seq = 0
         self._encoder: ThreadPoolExecutor | None = None
-        self._job: Future[None] | None = None
+        self._job: Future[tuple[int, int]] | None = None
+        self._members: tuple[int, int, pa.Table] = (0, 0, pa.table({}))
         self._shard: ShardStream | None = None
         self._shard_key = ""
         self._stack: contextlib.ExitStack | None = None
@@ -113,8 +114,9 @@ class ShardRotation:
     # -- row groups -----------------------------------------------------------------------
     def encode(self, table: pa.Table, payload_bytes: int) -> None:
         """Encode one row group on the encoder thread (one in flight at most: the previous one
-        is finished first, so the caller holds at most two row groups)."""
-        self.sync()
+        is finished first, so the caller holds at most two row groups). The previous row
+        group's index rows are streamed here, on the caller's thread, while this one encodes."""
+        done = self.sync()
         shard = self._shard
         if shard is None:
             try:
@@ -127,36 +129,45 @@ class ShardRotation:
         self.inflight_bytes = payload_bytes
         if self._encoder is None:
             self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
-        self._job = self._encoder.submit(self._encode_job, shard, self._seq - 1, table)
+        # the shard's position in the manifest is its sequence number
+        members = (self._seq - 1, shard.encoded_row_groups, table.select(INDEX_MEMBER_COLUMNS))
+        self._job = self._encoder.submit(_encode_job, shard, table)
+        self._members = members
+        if done is not None:
+            self.index.add(*done)
 
-    def _encode_job(self, shard: ShardStream, seq: int, table: pa.Table) -> None:
-        """The encoder thread's work for one row group: encode (no GIL), then stream its index
-        rows (the shard's position in the manifest is its sequence number)."""
-        offset, length = shard.encode_row_group(table)
-        self.index.add(seq, shard.encoded_row_groups - 1, table.select(INDEX_MEMBER_COLUMNS), offset, length)
-        # Parquet's page and compression buffers come from Arrow's default pool whatever pool
-        # the writer is given; mimalloc's there keeps freed pages of this thread for reuse (about
-        # 20 MB more resident while writing), so they go back now (mimalloc: ``mi_collect``)
-        _DEFAULT_POOL.release_unused()
-
-    def sync(self) -> None:
+    def sync(self) -> tuple[int, int, pa.Table, int, int] | None:
         """Wait for the row group being encoded, then hand its bytes to the shard's sink (hash,
         store stream) here on the caller's thread, so that the encoder thread's ``write_table``
-        never calls into Python. An encoding or store failure breaks the writer."""
+        never calls into Python. An encoding or store failure breaks the writer.
+
+        Returns the row group's index rows (shard, row group, member columns, byte range) for
+        ``IndexStream.add``, which the caller streams."""
         job = self._job
         if job is None:
-            return
+            return None
         self._job = None
         self.inflight_bytes = 0
         shard = self._shard
         try:
-            job.result()
+            offset, length = job.result()
             if shard is None:
                 raise AssertionError("a row group was encoded with no open shard")
             shard.finish_row_group()
         except BaseException as exc:
             raise self._fail(exc, f"encoding a row group failed: {exc!r}") from exc
         self.encoded_bytes = shard.bytes
+        seq, row_group, members = self._members
+        return seq, row_group, members, offset, length
+
+    def _sync_and_index(self) -> None:
+        done = self.sync()
+        if done is not None:
+            self.index.add(*done)
+        # Parquet's page and compression buffers come from Arrow's default pool whatever pool
+        # the writer is given; mimalloc's there keeps freed pages of this thread for reuse (about
+        # 20 MB more resident while writing), so they go back now (mimalloc: ``mi_collect``)
+        _DEFAULT_POOL.release_unused()
 
     # -- shards ---------------------------------------------------------------------------
     def _open_shard(self) -> ShardStream:
@@ -190,7 +201,7 @@ class ShardRotation:
     def finish_shard(self) -> None:
         """Close the open shard (its row groups must be handed over already): a streamed one is
         finished on the store now (and recorded); a buffered one becomes :attr:`pending`."""
-        self.sync()
+        self._sync_and_index()
         shard = self._shard
         if shard is None:
             return
@@ -247,3 +258,13 @@ class ShardRotation:
         if self._encoder is not None:
             self._encoder.shutdown(wait=True)
             self._encoder = None
+
+
+def _encode_job(shard: ShardStream, table: pa.Table) -> tuple[int, int]:
+    """The encoder thread's work for one row group: encode it (no GIL); its byte range."""
+    span = shard.encode_row_group(table)
+    # Parquet's page and compression buffers come from Arrow's default pool whatever pool the
+    # writer is given; mimalloc's there keeps this thread's freed pages for reuse (about 20 MB
+    # more resident while writing), so they go back now (mimalloc: ``mi_collect``)
+    _DEFAULT_POOL.release_unused()
+    return span

@@ -1,29 +1,24 @@
 """The shard writer: streams records into zstd Parquet shards, then commits index and manifest.
 
-Why it looks like this (measured in archive-perf-notes.md):
+Why it looks like this (measured in docs/benchmarks.md, ``peer_store.py``):
 
-* Records are buffered as plain column lists and turned into Arrow arrays once per row group,
-  so the per-record cost is a handful of list appends (no per-record pydantic validation for
-  ``write_raw``, no per-record Arrow calls).
-* Each row group is encoded (on a background thread) as soon as it is full and goes straight
-  out through SHA-256 (``_shard.ShardStream``). On stores with a streaming writer (local disk,
-  S3, other fsspec stores: ``stream_shards``) it goes to the shard object itself, so the writer
-  holds about two row groups whatever the shard size; elsewhere (memory stores, or
-  ``stream_shards=False``) into an in-memory shard uploaded with one ``put``, which a failed
-  upload can retry. Either way only the manifest, written last with ``put_if_absent``, makes a
-  shard part of the checkpoint; shards of an aborted writer are unreferenced garbage for
-  retention to collect.
-* ``write_columns`` / ``write_records`` append whole batches (the columnar path, ``_bulk``): one
-  check per batch, list ``extend``s, JSON by orjson; no per-record model or Arrow call.
-* The member index is one object, streamed (``ObjectStore.open_write``) while the shards are
-  written: each encoded row group's index rows go straight into it, so no per-member state piles
-  up, nor per shard: the writer's memory does not grow with the shard size. What stays for the
-  whole archive is one 64-bit hash per member (8 bytes, for the duplicate check at commit) and,
-  per shard, its row-group spans and Parquet footer.
-* Duplicate members: ``write`` refuses at once a duplicate of a member of the open row group;
-  any other duplicate is found at :meth:`ArchiveWriter.commit` (sorted hashes, then an exact
-  comparison of the colliding members read back from the index), which then raises
-  ``InvalidRecordError`` and writes no manifest.
+* Batches (``write_columns`` / ``write_records``, ``_bulk``) are checked once per batch and
+  become Arrow record batches at once (``_rowgroup``: payloads packed into one buffer, no
+  per-member Python object or Arrow call); single members (``write`` / ``write_raw``) are
+  appended to column lists, converted once per row group.
+* Each full row group goes to ``_shards.ShardRotation``: encoded on a background thread (Parquet
+  and zstd release the GIL) straight out through SHA-256 into the shard object (or an in-memory
+  shard on stores without streaming writes), so the writer holds about two row groups whatever
+  the shard size. Only the manifest, written last with ``put_if_absent``, makes a shard part of
+  the checkpoint; shards of an aborted writer are garbage for retention to collect.
+* The member index is streamed into one object row group by row group; what stays for the whole
+  archive is one 64-bit hash per member (the duplicate check at commit) and, per shard, its
+  row-group spans and Parquet footer.
+* Duplicates: ``write`` refuses at once a duplicate of a member of the open row group; any other
+  is found at :meth:`ArchiveWriter.commit` (sorted hashes, then an exact comparison of the
+  colliding members read back from the index), which then writes no manifest.
+* Nothing here imports pydantic, ``pyarrow.parquet`` or Arrow's compute kernels: their imports
+  count in the writer's resident memory. The manifest models are imported at commit.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ import pyarrow as pa
 from .._idcheck import validate_id, validate_key
 from ..errors import InvalidRecordError, ManifestConflictError, ObjectExistsError
 from ..store import ObjectStore
-from ._bulk import ID_CACHE_LIMIT, MAX_MEMBER_KEY, Batch, Field, check_batch, encode_records, encode_refs
+from ._bulk import Batch, Field, check_batch, check_member, duplicate_error, encode_records, encode_refs
 from ._errors import ArchiveStateError
 from ._index_stream import IndexStream, colliding_positions
 from ._rowgroup import OpenRowGroup
@@ -65,9 +60,6 @@ if TYPE_CHECKING:
     from ._manifest import ComponentManifest, ManifestRef
 
 __all__ = ["ArchiveWriter", "streams_natively"]
-
-_MAX_MEMBER_KEY = MAX_MEMBER_KEY
-_ID_CACHE_LIMIT = ID_CACHE_LIMIT
 
 
 class ArchiveWriter:
@@ -207,27 +199,9 @@ class ArchiveWriter:
     ) -> None:
         """Append a pre-serialised member (bulk writers): ids are checked (cached), the payload
         is stored as given. ``refs`` is what ``Record.index_refs()`` would return."""
-        valid = self._valid_ids
-        if kind not in valid or rollout_id not in valid:
-            if len(valid) > _ID_CACHE_LIMIT:
-                valid.clear()
-            valid.add(validate_id(kind, "record kind"))
-            valid.add(validate_id(rollout_id, "rollout_id"))
-        if type(attempt) is not int or attempt < 0:
-            raise InvalidRecordError(f"attempt must be a non-negative int, got {attempt!r}", attempt=attempt)
-        if type(key) is not str or not key or len(key) > _MAX_MEMBER_KEY:
-            raise InvalidRecordError(
-                f"member key must be a non-empty string of at most {_MAX_MEMBER_KEY} characters", key=key
-            )
-        if not isinstance(payload, bytes):
-            if isinstance(payload, bytearray | memoryview):
-                payload = bytes(payload)
-            else:
-                raise InvalidRecordError(f"payload must be bytes, got {type(payload).__name__}")
-        if revision is not None and type(revision) is not int:
-            raise InvalidRecordError(f"revision must be an int or None, got {revision!r}")
-        if type(schema_version) is not int or schema_version < 1:
-            raise InvalidRecordError(f"schema_version must be a positive int, got {schema_version!r}")
+        payload = check_member(
+            self._valid_ids, kind, rollout_id, attempt, key, payload, revision, schema_version
+        )
         self._append(
             kind,
             rollout_id,
@@ -391,14 +365,7 @@ class ArchiveWriter:
         raise ArchiveStateError(f"archive {self.prefix!r} is {state}; no more writes", prefix=self.prefix)
 
     def _duplicate_error(self, ident: tuple[str, str, int, str]) -> InvalidRecordError:
-        kind, rollout_id, attempt, key = ident
-        return InvalidRecordError(
-            f"duplicate member {kind}/{rollout_id}#{attempt}/{key} in archive {self.prefix!r}",
-            kind=kind,
-            rollout_id=rollout_id,
-            attempt=attempt,
-            key=key,
-        )
+        return duplicate_error(ident, f"in archive {self.prefix!r}")
 
     def _failure(self) -> BaseException | None:
         return self._broken or self._shards.broken
