@@ -11,8 +11,8 @@ either side; everything after it is (encoding, hashing, compressing, writing, fs
 Each phase of each side runs in a fresh process: ``write`` (write + commit; peak RSS, which
 includes the interpreter and the imports), ``lookup`` (one record, cold: open the archive / the
 manifest and fetch the middle record), ``read_all`` (every record into Python dicts). Figures are
-medians over ``--runs``; the sides alternate which goes first. ``disk`` is the bytes the side left
-in its folder / prefix.
+medians over ``--runs``; the sides take turns run by run, and which goes first alternates.
+``disk`` is the bytes the side left in its folder / prefix.
 
 With ``--moto`` the SDK also runs against a moto S3 server on 127.0.0.1 (started here). The
 baseline has no object store, so on S3 the SDK's figures are compared with the local-disk baseline
@@ -306,33 +306,45 @@ def make_bucket(endpoint: str, name: str) -> None:
 
 
 # -- the driver -------------------------------------------------------------------------------
-def measure(
-    side: str, n: int, runs: int, target_for: Any, endpoint: str | None, cleanup: Any
+def _one_run(
+    side: str, n: int, run: int, target_for: Any, endpoint: str | None, cleanup: Any
 ) -> dict[str, Any]:
-    writes, cpus, rss, disk, lookups, reads = [], [], [], [], [], []
+    target = target_for(side, n, run)
+    w = run_child(side, "write", target, n, endpoint)
+    w["lookup_s"] = run_child(side, "lookup", target, n, endpoint)["seconds"]
+    w["read_all_s"] = run_child(side, "read_all", target, n, endpoint)["seconds"]
+    cleanup(target)
+    return w
+
+
+def measure(
+    sides: list[str], n: int, runs: int, target_for: Any, endpoint: str | None, cleanup: Any
+) -> dict[str, dict[str, Any]]:
+    """Medians of ``runs`` runs of each side. The sides take turns run by run, and which one goes
+    first alternates, so a change in the host's load hits both sides alike."""
+    results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for run in range(runs):
-        target = target_for(side, n, run)
-        w = run_child(side, "write", target, n, endpoint)
-        lookups.append(run_child(side, "lookup", target, n, endpoint)["seconds"])
-        reads.append(run_child(side, "read_all", target, n, endpoint)["seconds"])
-        writes.append(w["seconds"])
-        cpus.append(w["cpu_s"])
-        rss.append(w["peak_rss_mb"])
-        disk.append(w["disk_bytes"])
-        cleanup(target)
+        order = sides if run % 2 == 0 else sides[::-1]
+        for side in order:
+            results[side].append(_one_run(side, n, run, target_for, endpoint, cleanup))
+    return {side: _summary(rows) for side, rows in results.items()}
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    col = {name: [row[name] for row in rows] for name in rows[0]}
     return {
-        "write_s": round(median(writes), 4),
-        "write_cpu_s": round(median(cpus), 4),
-        "peak_rss_mb": round(median(rss), 1),
-        "disk_mb": round(median(disk) / 1e6, 2),
-        "lookup_s": round(median(lookups), 4),
-        "read_all_s": round(median(reads), 4),
+        "write_s": round(median(col["seconds"]), 4),
+        "write_cpu_s": round(median(col["cpu_s"]), 4),
+        "peak_rss_mb": round(median(col["peak_rss_mb"]), 1),
+        "disk_mb": round(median(col["disk_bytes"]) / 1e6, 2),
+        "lookup_s": round(median(col["lookup_s"]), 4),
+        "read_all_s": round(median(col["read_all_s"]), 4),
         "runs": {
-            "write_s": writes,
-            "write_cpu_s": cpus,
-            "lookup_s": lookups,
-            "read_all_s": reads,
-            "peak_rss_mb": rss,
+            "write_s": col["seconds"],
+            "write_cpu_s": col["cpu_s"],
+            "lookup_s": col["lookup_s"],
+            "read_all_s": col["read_all_s"],
+            "peak_rss_mb": col["peak_rss_mb"],
         },
     }
 
@@ -390,8 +402,8 @@ def main() -> None:
     }
     for n in args.sizes:
         print(f"local disk, {n} records", file=sys.stderr, flush=True)
-        base = measure("baseline", n, args.runs, local_target, None, local_cleanup)
-        sdk = measure("sdk", n, args.runs, local_target, None, local_cleanup)
+        both = measure(["baseline", "sdk"], n, args.runs, local_target, None, local_cleanup)
+        base, sdk = both["baseline"], both["sdk"]
         result["local"][str(n)] = {"baseline": base, "sdk": sdk, **ratios(sdk, base)}
     if args.moto:
         moto, endpoint = start_moto()
@@ -408,7 +420,7 @@ def main() -> None:
                 def s3_cleanup(target: str) -> None:
                     s3_store.rm(target, recursive=True)
 
-                sdk = measure("sdk", n, args.runs, s3_target, endpoint, s3_cleanup)
+                sdk = measure(["sdk"], n, args.runs, s3_target, endpoint, s3_cleanup)["sdk"]
                 base = result["local"][str(n)]["baseline"]
                 result["moto"][str(n)] = {"sdk": sdk, **ratios(sdk, base)}
         finally:

@@ -280,3 +280,99 @@ def test_peer_store_benchmark_runs_quick(tmp_path: Path) -> None:
     ):
         assert isinstance(result[key], float | int), key
     assert set(result["local"]["500"]) >= {"sdk", "baseline", "write_ratio"}
+
+
+def test_the_write_path_imports_no_pydantic_parquet_module_or_compute_kernels(tmp_path: Path) -> None:
+    """Imports count in the writer's peak memory (issue 9): streaming a batch loads neither the
+    record models (pydantic), nor ``pyarrow.parquet`` (and with it pyarrow's S3/GCS/Azure
+    bindings), nor Arrow's compute kernels; commit then loads the manifest models only."""
+    code = (
+        "import sys\n"
+        "from rollout_checkpoint.archive import ArchiveWriter\n"
+        "from rollout_checkpoint.store import LocalStore\n"
+        f"w = ArchiveWriter(LocalStore({str(tmp_path)!r}), 'p', checkpoint_id='c', "
+        "participant_kind='agent', instance='a0', row_group_rows=64)\n"
+        "recs = [{'rollout_id': f'r{i}', 'attempt': 0, 'text': 'x' * i} for i in range(500)]\n"
+        "w.write_records('agent_boundary', recs, key=lambda r: 'k', refs=lambda r: {'m': r['rollout_id']})\n"
+        "w.write_raw('dispatch', 'r1', 0, 'k', b'{}')\n"
+        "heavy = ['pydantic', 'pyarrow.parquet', 'pyarrow.fs', 'pyarrow._compute',"
+        " 'rollout_checkpoint.records']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "w.commit()\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.splitlines()
+    assert out == ["[]", "['pydantic']"]
+
+
+def test_the_private_parquet_writer_writes_the_public_writers_bytes() -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rollout_checkpoint.archive._parquet_io import open_parquet_writer, read_footer_metadata
+    from rollout_checkpoint.archive._schema import (
+        SHARD_DICTIONARY_COLUMNS,
+        SHARD_SCHEMA,
+        SHARD_STATISTICS_COLUMNS,
+    )
+
+    n = 300
+    table = pa.Table.from_pydict(
+        {
+            "kind": ["agent_boundary"] * n,
+            "rollout_id": [f"r{i}" for i in range(n)],
+            "attempt": list(range(n)),
+            "key": [f"{i % 7:08d}" for i in range(n)],
+            "schema_version": [1] * n,
+            "revision": [None if i % 3 else i for i in range(n)],
+            "refs": [None if i % 2 else '{"m":"c"}' for i in range(n)],
+            "payload": [orjson.dumps({"i": i, "t": "w" * (i % 50)}) for i in range(n)],
+        },
+        schema=SHARD_SCHEMA,
+    )
+    options: dict[str, Any] = {
+        "compression": "zstd",
+        "compression_level": 1,
+        "use_dictionary": SHARD_DICTIONARY_COLUMNS,
+        "write_statistics": SHARD_STATISTICS_COLUMNS,
+        "write_page_index": False,
+    }
+    outputs = []
+    for make in (open_parquet_writer, pq.ParquetWriter):
+        sink = pa.BufferOutputStream()
+        writer = make(sink, SHARD_SCHEMA, **options)
+        writer.write_table(table, row_group_size=128)
+        writer.close()
+        outputs.append(sink.getvalue().to_pybytes())
+    assert outputs[0] == outputs[1]
+    metadata = read_footer_metadata(pa.BufferReader(outputs[0]))
+    assert (metadata.num_rows, metadata.num_row_groups) == (n, 3)
+
+
+def test_colliding_positions_agree_in_python_and_arrow() -> None:
+    from array import array
+
+    from rollout_checkpoint.archive._index_stream import _colliding_positions_arrow, colliding_positions
+
+    for values in ([], [5], [1, 2, 3], [7, -3, 7, 9, -3, 7, 0], [*range(1000), 999, -(2**63)]):
+        hashes = array("q", values)
+        if len(values) > 1:
+            assert colliding_positions(hashes) == _colliding_positions_arrow(hashes)
+        expected = [i for i, v in enumerate(values) if values.count(v) > 1]
+        assert colliding_positions(hashes) == expected
+
+
+def test_packed_payloads_keep_each_payload_and_slice_without_copies() -> None:
+    from rollout_checkpoint.archive._bulk import encode_records
+    from rollout_checkpoint.archive._schema import RECORD_SCHEMA_VERSION as WRITER_DEFAULT
+    from rollout_checkpoint.records import RECORD_SCHEMA_VERSION
+
+    assert WRITER_DEFAULT == RECORD_SCHEMA_VERSION
+    records = [{"rollout_id": f"r{i}", "attempt": 0, "s": "é" * i} for i in range(20)]
+    _, _, _, payloads, _, _ = encode_records(records, "rollout_id", None, None)
+    assert len(payloads) == 20
+    assert [payloads[i] for i in range(20)] == [orjson.dumps(r) for r in records]
+    assert payloads[3:6] == [orjson.dumps(r) for r in records[3:6]]
+    assert payloads.arrow(5, 9).to_pylist() == [orjson.dumps(r) for r in records[5:9]]

@@ -18,7 +18,7 @@ as a spec). Every id that becomes part of a key is validated here.
 
 from __future__ import annotations
 
-from .ids import validate_id
+from ._idcheck import validate_id
 
 __all__ = [
     "AGGREGATE_NAME",

@@ -12,17 +12,27 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from typing import Any
+from itertools import accumulate, repeat
+from typing import Any, overload
 
 import orjson
+import pyarrow as pa
 
+from .._idcheck import ID_MAX_LENGTH, validate_id
 from ..errors import InvalidRecordError
-from ..ids import ID_MAX_LENGTH, validate_id
 
-__all__ = ["Batch", "check_batch", "encode_records", "encode_refs"]
+__all__ = [
+    "Batch",
+    "PackedPayloads",
+    "check_batch",
+    "check_member",
+    "duplicate_error",
+    "encode_records",
+    "encode_refs",
+]
 
 MAX_MEMBER_KEY = 1024
 ID_CACHE_LIMIT = 1 << 16
@@ -40,6 +50,48 @@ def encode_refs(refs: Any) -> str | None:
         return json.dumps(refs, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
+_MAX_BINARY = (1 << 31) - 1
+"""Largest total of one ``pa.binary()`` array (32-bit offsets)."""
+
+
+class PackedPayloads(Sequence[bytes]):
+    """A batch's payloads packed into one buffer (``encode_records``): one copy of each
+    payload, no Python object per payload, and Arrow arrays of any slice without a copy.
+
+    orjson's output keeps the capacity it grew to (about 8 KiB for a 2.3 KB record), so a list
+    of its ``bytes`` would hold several times the payload; packing frees each one at once."""
+
+    def __init__(self, data: bytearray, lengths: list[int]) -> None:
+        self._data = data  # never changed after this point: Arrow arrays view it
+        self.lengths = lengths
+        self._offsets = array("q", accumulate(lengths, initial=0))
+        self._array: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        offsets = self._offsets
+        return bytes(self._data[offsets[i] : offsets[i + 1]])
+
+    def arrow(self, start: int, end: int) -> pa.Array:
+        """Payloads ``[start, end)`` as an Arrow binary array viewing the packed buffer."""
+        if len(self._data) > _MAX_BINARY:
+            return pa.array(self[start:end], pa.binary())  # rare: more than 2 GiB in one batch
+        if self._array is None:
+            offsets = pa.py_buffer(array("i", self._offsets))
+            self._array = pa.Array.from_buffers(
+                pa.binary(), len(self), [None, offsets, pa.py_buffer(self._data)]
+            )
+        return self._array.slice(start, end - start)
+
+
 @dataclass
 class Batch:
     """A checked batch of one kind, as column lists ready to be appended."""
@@ -50,7 +102,7 @@ class Batch:
     keys: list[str]
     revisions: list[int | None]
     refs: list[str | None]
-    payloads: list[bytes]
+    payloads: list[bytes] | PackedPayloads
     lengths: list[int]
     hashes: list[int]
 
@@ -104,7 +156,11 @@ def check_batch(
         raise InvalidRecordError(
             f"member key must be a non-empty string of at most {MAX_MEMBER_KEY} characters", key=bad
         )
-    payload_list = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
+    payload_list: list[bytes] | PackedPayloads
+    if isinstance(payloads, PackedPayloads):
+        payload_list = payloads
+    else:
+        payload_list = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
     if revisions is None:
         revision_list: list[int | None] = [None] * n
     else:
@@ -119,13 +175,7 @@ def check_batch(
         seen: set[tuple[str, str, int, str]] = set()
         for ident in zip([kind] * n, rid_list, attempt_list, key_list, strict=True):
             if ident in seen:
-                raise InvalidRecordError(
-                    f"duplicate member {kind}/{ident[1]}#{ident[2]}/{ident[3]} within one batch",
-                    kind=kind,
-                    rollout_id=ident[1],
-                    attempt=ident[2],
-                    key=ident[3],
-                )
+                raise duplicate_error(ident, "within one batch")
             seen.add(ident)
     return Batch(
         kind=kind,
@@ -135,8 +185,54 @@ def check_batch(
         revisions=revision_list,
         refs=refs_list,
         payloads=payload_list,
-        lengths=list(map(len, payload_list)),
+        lengths=payload_list.lengths
+        if isinstance(payload_list, PackedPayloads)
+        else list(map(len, payload_list)),
         hashes=hashes,
+    )
+
+
+def check_member(
+    valid_ids: set[str],
+    kind: str,
+    rollout_id: str,
+    attempt: int,
+    key: str,
+    payload: bytes | bytearray | memoryview,
+    revision: int | None,
+    schema_version: int,
+) -> bytes:
+    """Check one member's fields (``ArchiveWriter.write_raw``); its payload as ``bytes``.
+    ``valid_ids`` caches ids already validated (cleared when it grows past ``ID_CACHE_LIMIT``)."""
+    if kind not in valid_ids or rollout_id not in valid_ids:
+        if len(valid_ids) > ID_CACHE_LIMIT:
+            valid_ids.clear()
+        valid_ids.add(validate_id(kind, "record kind"))
+        valid_ids.add(validate_id(rollout_id, "rollout_id"))
+    if type(attempt) is not int or attempt < 0:
+        raise InvalidRecordError(f"attempt must be a non-negative int, got {attempt!r}", attempt=attempt)
+    if type(key) is not str or not key or len(key) > MAX_MEMBER_KEY:
+        raise InvalidRecordError(
+            f"member key must be a non-empty string of at most {MAX_MEMBER_KEY} characters", key=key
+        )
+    if not isinstance(payload, bytes):
+        payload = _as_bytes(payload)
+    if revision is not None and type(revision) is not int:
+        raise InvalidRecordError(f"revision must be an int or None, got {revision!r}")
+    if type(schema_version) is not int or schema_version < 1:
+        raise InvalidRecordError(f"schema_version must be a positive int, got {schema_version!r}")
+    return payload
+
+
+def duplicate_error(ident: tuple[str, str, int, str], where: str) -> InvalidRecordError:
+    """The error for member ``ident`` written twice (``where``: "in archive 'p'", ...)."""
+    kind, rollout_id, attempt, key = ident
+    return InvalidRecordError(
+        f"duplicate member {kind}/{rollout_id}#{attempt}/{key} {where}",
+        kind=kind,
+        rollout_id=rollout_id,
+        attempt=attempt,
+        key=key,
     )
 
 
@@ -163,16 +259,21 @@ def encode_records(
     key: Field,
     revision: Field | None,
     refs: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None,
-) -> tuple[list[str], list[int], list[str], list[bytes], list[Any] | None, list[Any] | None]:
+) -> tuple[list[str], list[int], list[str], PackedPayloads, list[Any] | None, list[Any] | None]:
     """Columns of a batch of JSON-shaped records: ids and attempts from the ``rollout_id`` and
     ``attempt`` fields, ``key``/``revision`` from a field name or a function, payloads by orjson."""
     dumps = orjson.dumps
+    data = bytearray()
+    lengths: list[int] = []
+    append = lengths.append
     try:
-        # orjson's bytes keep the capacity they grew to (several KiB for a 2 KiB record); a
-        # copy of exactly the JSON's length is what stays buffered until the row group is encoded
-        payloads = [bytes(memoryview(dumps(r))) for r in records]
+        for r in records:
+            encoded = dumps(r)
+            data += encoded
+            append(len(encoded))
     except TypeError as exc:
         raise InvalidRecordError(f"a record is not JSON-serialisable: {exc}") from None
+    payloads = PackedPayloads(data, lengths)
     return (
         _column(records, "rollout_id", "rollout_id"),
         _column(records, "attempt", "attempt"),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 from array import array
+from itertools import pairwise
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..store import ObjectStore
 from ._index import IndexWriter, RowGroupSpan, compute
@@ -66,6 +66,8 @@ class IndexStream:
 
     def _rebuild(self, shard_keys: list[str], spans: list[list[RowGroupSpan]]) -> IndexWriter:
         """Stream the index again from the uploaded shards' member columns (after a failure)."""
+        import pyarrow.parquet as pq
+
         writer = self._open()
         for key, shard_spans in zip(shard_keys, spans, strict=True):
             with self.store.open_read(key) as fh:
@@ -109,6 +111,8 @@ class IndexStream:
         from the closed index), or None when their hashes only collide."""
         cols = ["kind", "rollout_id", "attempt", "key"]
         seen: set[Ident] = set()
+        import pyarrow.parquet as pq
+
         with self.store.open_read(self.key) as fh:
             pf = pq.ParquetFile(fh)
             start = 0
@@ -125,12 +129,30 @@ class IndexStream:
         return None
 
 
+SORT_IN_PYTHON = 1 << 18
+"""Up to this many members the hashes are sorted in Python (about 40 bytes per member for the
+moment of the check); above, in Arrow (16 bytes per member), whose compute kernels cost about
+7 MB of resident memory to import, more than the Python sort of a small archive."""
+
+
 def colliding_positions(hashes: array[int]) -> list[int]:
-    """Positions of the members whose 64-bit hash equals another member's (sorted in Arrow:
-    about 16 extra bytes per member for the moment of the check)."""
+    """Positions of the members whose 64-bit hash equals another member's."""
     n = len(hashes)
     if n < 2:
         return []
+    if n <= SORT_IN_PYTHON:
+        ordered = sorted(hashes)
+        colliding_hashes = {a for a, b in pairwise(ordered) if a == b}
+        del ordered
+        if not colliding_hashes:
+            return []
+        return [i for i, h in enumerate(hashes) if h in colliding_hashes]
+    return _colliding_positions_arrow(hashes)
+
+
+def _colliding_positions_arrow(hashes: array[int]) -> list[int]:
+    """:func:`colliding_positions` sorted in Arrow."""
+    n = len(hashes)
     values = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(hashes)])
     ordered = compute("take", values, compute("sort_indices", values))
     equal = compute("equal", ordered.slice(1), ordered.slice(0, n - 1))

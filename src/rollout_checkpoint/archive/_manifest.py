@@ -9,7 +9,6 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
-from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from pydantic import (
@@ -24,6 +23,7 @@ from pydantic import (
 
 from ..errors import InvalidIdentifierError, InvalidRecordError, refuse_newer_schema
 from ..ids import Identifier, validate_key
+from ._schema import utc_now_iso
 
 __all__ = [
     "COMPONENT_MANIFEST_SCHEMA_VERSION",
@@ -131,11 +131,6 @@ class ManifestRef(_Model):
     @classmethod
     def of(cls, key: str, data: builtins.bytes) -> ManifestRef:
         return cls(key=key, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
-
-
-def utc_now_iso() -> str:
-    """``2026-11-29T12:00:00.123Z``: ISO 8601, UTC, millisecond precision."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def manifest_to_bytes(manifest: ComponentManifest) -> bytes:

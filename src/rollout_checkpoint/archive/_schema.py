@@ -6,6 +6,7 @@ Kept in one module so the writer, the reader, the CLI and the docs agree on ever
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ __all__ = [
     "index_name",
     "join_key",
     "shard_name",
+    "utc_now_iso",
 ]
 
 DEFAULT_TARGET_SHARD_BYTES = 64 << 20
@@ -39,6 +41,9 @@ DEFAULT_ROW_GROUP_BYTES = 1 << 20
 """Uncompressed payload bytes after which a row group is cut (whatever the shard size): the
 writer holds about two row groups, and a point lookup downloads one."""
 DEFAULT_ZSTD_LEVEL = 1
+RECORD_SCHEMA_VERSION = 1
+"""The members' default ``schema_version`` (``records.RECORD_SCHEMA_VERSION``; kept here so the
+writer does not import the pydantic record models, and a test checks they agree)."""
 
 SHARD_FORMAT_VERSION = 1
 INDEX_FORMAT_VERSION = 1
@@ -66,7 +71,9 @@ KEY_COLUMNS = ("kind", "rollout_id", "attempt", "key")
 # Statistics only where they help pruning: min/max of a 2 KiB payload column bloat the footer
 # ~10x (archive-perf-notes.md) and no one filters on payload bytes.
 SHARD_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "schema_version", "revision"]
-SHARD_DICTIONARY_COLUMNS = ["kind", "rollout_id", "key", "refs"]
+# Dictionary encoding only where values repeat within a row group: rollout ids and refs are
+# (nearly) unique per member, so a dictionary there costs hashing and saves nothing.
+SHARD_DICTIONARY_COLUMNS = ["kind", "key"]
 
 INDEX_SCHEMA = pa.schema(
     [
@@ -110,3 +117,8 @@ def encode_refs(refs: Any) -> str | None:
     if refs is None:
         return None
     return json.dumps(refs, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def utc_now_iso() -> str:
+    """``2026-11-29T12:00:00.123Z``: ISO 8601, UTC, millisecond precision."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

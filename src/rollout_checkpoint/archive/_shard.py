@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ._index import RowGroupSpan, metadata_from_footer, row_group_spans
+from ._parquet_io import open_parquet_writer
 from ._schema import (
     SHARD_DICTIONARY_COLUMNS,
     SHARD_SCHEMA,
@@ -123,7 +123,7 @@ class ShardStream:
         self._out = pa.BufferedOutputStream(
             pa.PythonFile(self._sink, mode="w"), _BUFFER_BYTES, memory_pool=encoding_pool()
         )
-        self._pq = pq.ParquetWriter(
+        self._pq = open_parquet_writer(
             self._out,
             SHARD_SCHEMA,
             compression="zstd",
