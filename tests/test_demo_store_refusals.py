@@ -1,8 +1,8 @@
 """The multi-process demo (``rollout-checkpoint demo STORE``) refuses a store it could not
 publish to with one clear line and a non-zero exit, before any server process starts (so none
 is left behind): an unwritable directory, an unreachable S3 endpoint, a backend whose
-conditional puts are emulated (unless ``--accept-unsafe-store``), and the flag on ``s3://``,
-which the reference servers cannot take."""
+conditional puts are emulated or an S3 endpoint that ignores the preconditions (unless
+``--accept-unsafe-store``, which the reference servers then take too)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from _procs import kill_mentioning
 from test_store_errors_cli import _read_only
+from test_store_s3 import ProxyState, _make_handler
 
 CLI = shutil.which("rollout-checkpoint", path=str(Path(sys.executable).parent)) or "rollout-checkpoint"
 
@@ -101,8 +104,21 @@ def test_an_emulated_conditional_put_backend_needs_accept_unsafe_store(tmp_path:
         assert list((tmp_path / "store").rglob("*.json")) == []  # nothing was published
 
 
-def test_accept_unsafe_store_on_s3_is_refused_in_process_mode(tmp_path: Path) -> None:
-    result = _demo(tmp_path, "s3://bucket/demo", "--accept-unsafe-store")
-    assert result.returncode == 2
+@pytest.mark.s3
+def test_an_s3_endpoint_without_atomic_conditional_puts_needs_accept_unsafe_store(
+    tmp_path: Path, s3_bucket: str, s3_endpoint: str
+) -> None:
+    # moto behind a proxy that drops If-None-Match / If-Match: the probe refuses it
+    state = ProxyState(upstream=s3_endpoint, strip_headers=frozenset({"if-none-match", "if-match"}))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(state))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        result = _demo(tmp_path, f"s3://{s3_bucket}/demo", "--endpoint-url", endpoint)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1
     line = _one_line(result)
-    assert "--accept-unsafe-store" in line and "--in-process" in line
+    assert "conditional_writes_unsupported" in line and "--accept-unsafe-store" in line

@@ -78,17 +78,6 @@ def demo_command(
     if in_process and kill:
         console.print(styled(("error", "red"), ": --kill needs server processes; drop --in-process"))
         raise typer.Exit(2)
-    if accept_unsafe_store and not in_process and directory.lower().startswith(("s3://", "s3a://")):
-        # on S3 every conditional put probes the endpoint, the servers' included, and a server
-        # opens its store from the URL alone: it cannot take the flag
-        console.print(
-            styled(
-                ("error", "red"),
-                ": --accept-unsafe-store on s3:// needs --in-process (the reference servers probe "
-                "the endpoint themselves and cannot skip the probe)",
-            )
-        )
-        raise typer.Exit(2)
     extra: dict[str, Any] = {}
     try:
         store = open_demo_store(directory, endpoint_url, accept_unsafe_store=accept_unsafe_store)
@@ -124,7 +113,8 @@ def demo_command(
         {
             k: v
             for k, v in extra.items()
-            if k in ("killed", "restarts", "restarted", "full_restarts", "restore_refused")
+            if k
+            in ("killed", "restarts", "restarted", "full_restarts", "restore_refused", "checkpoint_failures")
         }
     )
     if as_json:

@@ -3,6 +3,10 @@
 The control token is read from ``ROLLOUT_CHECKPOINT_TOKEN`` or ``--token-file``; there is no
 option that takes the token itself, so it never shows in a process list, a shell history or
 ``--help``.
+
+The server refuses (one line, code ``conditional_writes_unsupported``) to start on a store whose
+conditional puts are not atomic unless ``--accept-unsafe-store`` is given; its worker processes
+inherit the choice through the environment.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import typer
 
 from ..errors import CheckpointError
 from ..server import TOKEN_ENV, load_build, run_server, run_token_server
-from ._common import EndpointOpt, fail
+from ._common import AcceptUnsafeOpt, EndpointOpt, fail
 
 __all__ = ["register"]
 
@@ -74,6 +78,7 @@ def serve_command(
     ] = None,
     endpoint_url: EndpointOpt = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+    accept_unsafe_store: AcceptUnsafeOpt = False,
 ) -> None:
     """Serve a participant's control routes (and its app) on HOST:PORT until interrupted."""
     try:
@@ -81,7 +86,15 @@ def serve_command(
         if endpoint_url:
             os.environ["AWS_ENDPOINT_URL"] = endpoint_url  # worker processes open the store from the URL
         if kind == "tokens":
-            run_token_server(store, host=host, port=port, token=token, workers=workers, log_level=log_level)
+            run_token_server(
+                store,
+                host=host,
+                port=port,
+                token=token,
+                workers=workers,
+                log_level=log_level,
+                accept_unsafe_store=accept_unsafe_store,
+            )
             return
         build = KINDS.get(kind, kind)
         if ":" not in build:
@@ -94,7 +107,14 @@ def serve_command(
         except (ImportError, AttributeError, ValueError) as exc:
             raise ServeArgumentError(f"cannot load the build function {build!r}: {exc}") from None
         run_server(
-            build, store=store, host=host, port=port, token=token, workers=workers, log_level=log_level
+            build,
+            store=store,
+            host=host,
+            port=port,
+            token=token,
+            workers=workers,
+            log_level=log_level,
+            accept_unsafe_store=accept_unsafe_store,
         )
     except CheckpointError as exc:
         raise fail(exc, as_json=False) from None

@@ -11,6 +11,7 @@ background thread after the resume, from the frozen registry snapshot.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from pydantic import JsonValue
@@ -69,11 +70,15 @@ class Publisher(CoordinatorCore):
         framework_state: JsonValue,
         laps: Laps,
     ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
-        # 3. validate every component manifest (digest named by the reply) and its bytes
-        components: list[ComponentRef] = []
-        for name, participant, reply in committed:
+        # 3. validate every component manifest (digest named by the reply) and its bytes; the
+        # components concurrently (a remote store answers slowly), the first failure in prepare
+        # order raised, each error naming its component
+        for name, _, _ in committed:
             self._step(f"validate:{name}")
-            components.append(self._validate(cid, participant, reply))
+        validated = self._fan_out(
+            [(name, partial(self._validate, cid, p, reply)) for name, p, reply in committed]
+        )
+        components: list[ComponentRef] = [ref for _, ref in validated]
         laps.lap("validate")
 
         # 4. the framework's own component: the live-execution registry

@@ -79,9 +79,18 @@ def _wait_port_free(port: int, timeout: float = 30.0) -> None:
 
 class _Cluster:
     def __init__(
-        self, store_url: str, workdir: Path, *, seed: int, workers: int, token_delay: float, token: str
+        self,
+        store_url: str,
+        workdir: Path,
+        *,
+        seed: int,
+        workers: int,
+        token_delay: float,
+        token: str,
+        accept_unsafe_store: bool = False,
     ) -> None:
         self.store_url = store_url
+        self.accept_unsafe_store = accept_unsafe_store
         self.workdir = workdir
         self.envs = [env.name for env in reference_environments()]
         self.names = ["tokens", "model", "agent", *self.envs]
@@ -135,9 +144,8 @@ class _Cluster:
         port = self.urls[name].rsplit(":", 1)[1]
         workers = "1" if name in ("tokens", "model") else str(self.workers)
         _wait_port_free(int(port))  # a killed server's workers may still hold it a moment
-        self._spawn(
-            name, ["serve", kind, "--store", self.store_url, "--port", port, "--workers", workers], env
-        )
+        args = ["serve", kind, "--store", self.store_url, "--port", port, "--workers", workers]
+        self._spawn(name, [*args, "--accept-unsafe-store"] if self.accept_unsafe_store else args, env)
 
     def _wait_ready(self, name: str, timeout: float = 120) -> None:
         end = time.monotonic() + timeout
@@ -252,6 +260,7 @@ def run_cluster_demo(
         workers=workers,
         token_delay=token_delay,
         token=secrets.token_urlsafe(24),
+        accept_unsafe_store=accept_unsafe_store,
     )
     specs = rollout_specs(rollouts, turns, seed, cluster.envs, prefix=f"run{uuid.uuid4().hex[:8]}")
     config = workdir / "config.json"
@@ -350,6 +359,7 @@ def run_cluster_demo(
         cluster.kill_all()
     state = read_json(state_path)
     extra["full_restart_reasons"] = state.get("full_restart_reasons", [])
+    extra["checkpoint_failures"] = state.get("checkpoint_failures", [])
     report.errors.extend(state.get("errors", []))
     results: dict[str, Any] = state.get("results", {})
     pauses = [float(p) for p in state.get("pauses_ms", [])]

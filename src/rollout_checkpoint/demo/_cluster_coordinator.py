@@ -48,6 +48,8 @@ FRESH_EXIT = 3
 REFUSED_EXIT = 2
 """Exit status of a refused restore (the negative control)."""
 MAX_TOKENS = 12
+MAX_FAILED_CHECKPOINTS = 3
+"""Aborted checkpoints in a row (none announced as a crash's symptom) that end the run."""
 _RESTART_WAIT_S = 180.0
 
 
@@ -107,6 +109,7 @@ class _CoordinatorProcess:
         self.running = {r: ExecutionId(rollout_id=r, attempt=a) for r, a in self.state["running"].items()}
         self.every = float(config["checkpoint_every"])
         self.next_checkpoint = time.monotonic() + self.every
+        self.failed_in_a_row = 0
 
     def _coordinator(self, remotes: list[RemoteParticipant]) -> Coordinator:
         return Coordinator(
@@ -197,6 +200,26 @@ class _CoordinatorProcess:
         counts = load_checkpoint(self.store, outcome.checkpoint_id).counts()
         self.state["continuable"] = int(counts.get("continue", 0))
         self.next_checkpoint = time.monotonic() + self.every
+
+    def try_checkpoint(self) -> None:
+        """Checkpoint; one that fails before its commit point was aborted (nothing published,
+        every participant resumed), so the run goes on and the next interval tries again. Only
+        :data:`MAX_FAILED_CHECKPOINTS` failures in a row end the run, naming the last one."""
+        try:
+            self.checkpoint()
+        except CheckpointError as exc:
+            if self.pending():
+                raise  # a symptom of the announced crash: recovery follows
+            failures = self.state.setdefault("checkpoint_failures", [])
+            failures.append(f"{type(exc).__name__} ({exc.code}): {exc}")
+            self.failed_in_a_row += 1
+            self.next_checkpoint = time.monotonic() + self.every
+            if self.failed_in_a_row >= MAX_FAILED_CHECKPOINTS:
+                raise CheckpointError(
+                    f"{self.failed_in_a_row} checkpoints in a row failed; the last: {failures[-1]}"
+                ) from exc
+            return
+        self.failed_in_a_row = 0
 
     # -- recovery ---------------------------------------------------------------------------------------
     def wait_restarted(self) -> int:
@@ -305,7 +328,7 @@ class _CoordinatorProcess:
             try:
                 self.poll()
                 if self.running and time.monotonic() >= self.next_checkpoint:
-                    self.checkpoint()
+                    self.try_checkpoint()
             except (CheckpointError, httpx.HTTPError, ValueError, _Failed) as exc:
                 if self.pending():
                     continue  # a symptom of the announced crash: recovery follows

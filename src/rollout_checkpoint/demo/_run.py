@@ -87,7 +87,8 @@ class DemoReport:
         return not self.failures()
 
     def to_json(self) -> dict[str, JsonValue]:
-        out: dict[str, JsonValue] = {"ok": self.ok}
+        # why a run is not correct comes first: a reader (or a cut-off log line) sees it at once
+        out: dict[str, JsonValue] = {"ok": self.ok, "failures": list(self.failures())}
         out.update(asdict(self))
         # the newest checkpoint this run published (what a reader resolves to afterwards)
         out["checkpoint_id"] = self.checkpoint_ids[-1] if self.checkpoint_ids else None

@@ -97,7 +97,10 @@ def _tokens(context: WorkerContext) -> ObjectStoreTokenStore | RemoteTokenStore:
 def warm_store(context: WorkerContext) -> None:
     """Pay the store's first-use costs when the worker starts, not inside the first checkpoint's
     pause: on S3, the client session and the conditional-put probe (cached per process; an
-    endpoint that cannot be reached fails the start, with the store error)."""
+    endpoint that cannot be reached fails the start, with the store error). A store opened with
+    the risk accepted makes no conditional-put probe: none is run."""
+    if getattr(context.store, "accept_unsafe_store", False):
+        return
     probe = getattr(context.store, "probe_conditional_writes", None)
     if callable(probe):
         probe()

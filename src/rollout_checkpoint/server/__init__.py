@@ -15,10 +15,12 @@ from ._router import (
 from ._routing import OWNER_COOKIE, OWNER_HEADER, ROLLOUT_PATH_PREFIX, VIA_HEADER, OwnerSigner, WorkerFrontend
 from ._serve import (
     TOKEN_ENV,
+    UNSAFE_STORE_ENV,
     ServedApp,
     WorkerContext,
     group_app,
     load_build,
+    open_server_store,
     run_server,
     run_token_server,
     serve_thread,
@@ -57,6 +59,7 @@ __all__ = [
     "STAGING_PREFIX",
     "TOKENS_ROUTE_PREFIX",
     "TOKEN_ENV",
+    "UNSAFE_STORE_ENV",
     "VIA_HEADER",
     "OwnerSigner",
     "ServedApp",
@@ -67,6 +70,7 @@ __all__ = [
     "assign_owners",
     "group_app",
     "load_build",
+    "open_server_store",
     "run_server",
     "run_token_server",
     "serve_thread",

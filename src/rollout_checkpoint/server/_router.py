@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
@@ -174,11 +174,13 @@ def checkpoint_router(
     store: str | ObjectStore | None = None,
     prefix: str = CHECKPOINT_ROUTE_PREFIX,
     threads: int = CONTROL_THREADS,
+    store_options: Mapping[str, Any] | None = None,
 ) -> APIRouter:
     """The control routes of ``participant``, protected by ``token``.
 
     ``store`` is where commits go and restores read from; a request naming another store is
-    refused (``store_mismatch``). Without one the request's store URL is opened.
+    refused (``store_mismatch``). Without one the request's store URL is opened, with
+    ``store_options`` (``accept_unsafe_store=True`` in the worker of a server that accepts it).
     """
     check = _TokenCheck(token)
     configured = open_store(store) if store is not None else None
@@ -199,7 +201,7 @@ def checkpoint_router(
             raise StoreMismatchError("this server has no store of its own; name one in 'store'")
         opened = stores.get(requested)
         if opened is None:  # opening an S3 store builds a client: once per URL, not per call
-            opened = open_store(requested)
+            opened = open_store(requested, **dict(store_options or {}))
             if len(stores) >= _STORES_KEPT:
                 stores.pop(next(iter(stores)))
             stores[requested] = opened

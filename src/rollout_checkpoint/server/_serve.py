@@ -10,6 +10,10 @@ serves the shared port through a :class:`~rollout_checkpoint.server._routing.Wor
 
 The control token comes from the ``ROLLOUT_CHECKPOINT_TOKEN`` environment variable in worker
 processes (it is never put on a command line).
+
+A server checks its store when it starts, before it listens: conditional puts must be atomic
+there (an S3 endpoint is probed, once per process) unless ``accept_unsafe_store`` accepts the
+risk; worker processes learn that choice from ``ROLLOUT_CHECKPOINT_ACCEPT_UNSAFE_STORE=1``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ._workers import WorkerGroup
 
 __all__ = [
     "TOKEN_ENV",
+    "UNSAFE_STORE_ENV",
     "ServedApp",
     "WorkerContext",
     "group_app",
@@ -60,6 +65,7 @@ _BUILD_ENV = "ROLLOUT_CHECKPOINT_WORKER_BUILD"
 _DIR_ENV = "ROLLOUT_CHECKPOINT_WORKER_DIR"
 _STORE_ENV = "ROLLOUT_CHECKPOINT_WORKER_STORE"
 _COUNT_ENV = "ROLLOUT_CHECKPOINT_WORKERS"
+UNSAFE_STORE_ENV = "ROLLOUT_CHECKPOINT_ACCEPT_UNSAFE_STORE"
 _GROUP_SOCKET = "group.sock"
 
 
@@ -107,6 +113,24 @@ def serve_thread(app: Any, *, uds: str, log_level: str = "warning") -> Iterator[
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def open_server_store(url: str, *, accept_unsafe_store: bool = False) -> ObjectStore:
+    """Open a server's store and refuse it unless its conditional puts are atomic (an S3
+    endpoint is probed now, so the first checkpoint's pause does not pay for it) or the risk is
+    accepted: a server that would fail its first commit does not start (one typed error)."""
+    target = open_store(url, accept_unsafe_store=True) if accept_unsafe_store else open_store(url)
+    target.require_atomic_commits(accept_risk=accept_unsafe_store)
+    return target
+
+
+def _worker_store_options() -> dict[str, Any]:
+    """How a worker process opens stores, as its server's main process chose (the environment)."""
+    return {"accept_unsafe_store": True} if os.environ.get(UNSAFE_STORE_ENV) == "1" else {}
+
+
+def _worker_store(url: str) -> ObjectStore:
+    return open_store(url, **_worker_store_options())
 
 
 # -- the group (main process) ------------------------------------------------------------------------
@@ -168,11 +192,15 @@ def run_server(
     workers: int = 1,
     log_level: str = "warning",
     startup_timeout_s: float = 60.0,
+    accept_unsafe_store: bool = False,
 ) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM). See the module docstring."""
+    """Serve until interrupted (SIGINT/SIGTERM). See the module docstring.
+
+    Raises :class:`~rollout_checkpoint.errors.ConditionalWriteUnsupportedError` before listening
+    when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
-    target = open_store(store)
+    target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
         served = load_build(build)(WorkerContext("w0", target, 1))
         install_participant(served.app, served.participant, token=token, store=target)
@@ -191,6 +219,7 @@ def run_server(
                     _DIR_ENV: directory,
                     _STORE_ENV: target.url,
                     _COUNT_ENV: str(workers),
+                    UNSAFE_STORE_ENV: "1" if accept_unsafe_store else "0",
                 }
             )
             uvicorn.run(
@@ -208,17 +237,28 @@ def run_server(
 
 
 def run_token_server(
-    store: str, *, host: str, port: int, token: str, workers: int = 1, log_level: str = "warning"
+    store: str,
+    *,
+    host: str,
+    port: int,
+    token: str,
+    workers: int = 1,
+    log_level: str = "warning",
+    accept_unsafe_store: bool = False,
 ) -> None:
     """Serve the reference token store (``rollout-checkpoint serve tokens``). Its shards are
-    immutable and uniquely named on the object store, so worker processes need no group."""
+    immutable and uniquely named on the object store, so worker processes need no group. The
+    store is checked as :func:`run_server` checks it."""
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
-        app = token_store_app(ObjectStoreTokenStore(open_store(store)), token=token)
+        app = token_store_app(ObjectStoreTokenStore(target), token=token)
         uvicorn.run(app, host=host, port=port, log_level=log_level)
         return
-    os.environ.update({TOKEN_ENV: token, _STORE_ENV: open_store(store).url})
+    os.environ.update(
+        {TOKEN_ENV: token, _STORE_ENV: target.url, UNSAFE_STORE_ENV: "1" if accept_unsafe_store else "0"}
+    )
     uvicorn.run(
         "rollout_checkpoint.server._serve:token_worker_app",
         factory=True,
@@ -232,7 +272,7 @@ def run_token_server(
 def token_worker_app() -> FastAPI:
     """uvicorn's app factory for token-store worker processes."""
     return token_store_app(
-        ObjectStoreTokenStore(open_store(os.environ[_STORE_ENV])), token=os.environ[TOKEN_ENV]
+        ObjectStoreTokenStore(_worker_store(os.environ[_STORE_ENV])), token=os.environ[TOKEN_ENV]
     )
 
 
@@ -246,14 +286,16 @@ def worker_app() -> WorkerFrontend:
     """uvicorn's app factory in every worker process (configured through the environment)."""
     token = os.environ[TOKEN_ENV]
     directory = os.environ[_DIR_ENV]
-    store = open_store(os.environ[_STORE_ENV])
+    store = _worker_store(os.environ[_STORE_ENV])
     workers = int(os.environ[_COUNT_ENV])
     worker_id = f"w{os.getpid()}"
     served = load_build(os.environ[_BUILD_ENV])(WorkerContext(worker_id, store, workers))
     caps = served.participant.capabilities()
     signer = OwnerSigner(token, f"{caps.kind}/{caps.instance}")
     # private socket: the worker's own participant (for the group) and forwarded sessions
-    served.app.include_router(checkpoint_router(served.participant, token=token))
+    served.app.include_router(
+        checkpoint_router(served.participant, token=token, store_options=_worker_store_options())
+    )
     socket = os.path.join(directory, f"{worker_id}.sock")
     private = serve_thread(StampOwner(served.app, worker_id, signer), uds=socket)
     private.__enter__()

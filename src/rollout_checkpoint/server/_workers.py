@@ -9,7 +9,8 @@ operation reaches every worker and the answers are merged:
   the prepare, and a dead one leaves the roster so its replacement can join;
 * ``commit``: every worker commits into its own staging area; the group verifies each staged
   archive and writes ONE component archive with all their records, the merged ``extra`` and
-  ``session_owners`` (which worker held which execution), then drops the staging. With
+  ``session_owners`` (which worker held which execution); the staging is dropped after the
+  resume, on a background thread, so its deletes never lengthen the pause. With
   ``publication="async"`` every worker freezes first (the group answers ``frozen`` once all
   have); the resume starts the collection of the staged uploads and the merge on a background
   thread (``collect`` waits for it);
@@ -108,6 +109,7 @@ class WorkerGroup:
         self._aliases: dict[str, str] = {}
         self._rollouts: dict[str, str] = {}
         self._staging_stores: dict[str, ObjectStore] = {}
+        self._staged: dict[str, list[str]] = {}  # checkpoint id -> staging to drop after its resume
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
         self._uploads = Uploads("worker-group", time.time)
 
@@ -321,6 +323,8 @@ class WorkerGroup:
             )
             with self._lock:
                 self._commits[checkpoint_id] = reply
+                # garbage once the merged manifest exists; dropped after the resume (outside the pause)
+                self._staged[checkpoint_id] = list(staging.values())
             return reply
         # asynchronous: every worker freezes (all of them before the coordinator resumes any);
         # after the resume the group collects their staged uploads and merges them
@@ -336,7 +340,10 @@ class WorkerGroup:
         def upload(fence: Upload) -> CommitReply:
             # one worker's failed upload fails the group's at once (nothing can publish)
             staged = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True)
-            return self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
+            reply = self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
+            for url in staging.values():  # this runs after the resume already
+                _drop_staging(self._staging(url), checkpoint_id)
+            return reply
 
         with self._lock:
             self._commits[checkpoint_id] = reply
@@ -370,15 +377,16 @@ class WorkerGroup:
         fence: Callable[[], None],
         lock: threading.Condition,
     ) -> CommitReply:
-        """Write ONE component archive of every worker's staged records (``merge_staged``),
-        then drop the staging."""
+        """Write ONE component archive of every worker's staged records (``merge_staged``); the
+        caller drops the staging once the pause is over."""
         caps = self.capabilities()
         stores = {wid: self._staging(staging[wid]) for wid in replies}
         ref = merge_staged(target, stores, checkpoint_id, caps, replies, fence, lock)
-        reply = self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
-        for url in staging.values():
+        return self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
+
+    def _drop_staged(self, drops: list[tuple[str, str]]) -> None:
+        for checkpoint_id, url in drops:
             _drop_staging(self._staging(url), checkpoint_id)
-        return reply
 
     def _staging(self, url: str) -> ObjectStore:
         """A worker's staging store, opened once (an S3 store builds a client when opened)."""
@@ -456,8 +464,13 @@ class WorkerGroup:
             while len(self._resumed) > RESUMED_IDS_KEPT:
                 self._resumed.popitem(last=False)
             self._commits.pop(checkpoint_id, None)
+            # this checkpoint's staging, and any left by a commit that was never resumed
+            drops = [(cid, url) for cid, urls in self._staged.items() for url in urls]
+            self._staged.clear()
         replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
         self._uploads.launch(checkpoint_id)  # an asynchronous commit's merge, after the workers'
+        if drops:
+            threading.Thread(target=self._drop_staged, args=(drops,), daemon=True).start()
         return ResumeReply(
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,
@@ -481,7 +494,8 @@ class WorkerGroup:
 
 
 def _drop_staging(staging: ObjectStore, checkpoint_id: str) -> None:
-    """Best effort: a staged worker archive is garbage once the merged one exists."""
+    """Best effort: a staged worker archive is garbage once the merged one exists (readers never
+    look under the staging prefix; one left behind by a crash is only wasted space)."""
     with contextlib.suppress(CheckpointError, OSError):
         for info in staging.list(layout.checkpoint_prefix(checkpoint_id) + "/"):
             staging.delete(info.key)
