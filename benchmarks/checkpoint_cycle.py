@@ -16,6 +16,10 @@ One checkpoint cycle is timed:
 
 Medians over ``--runs``; every figure is also given per rollout and as a ratio against the
 first (smallest) N of the same run, next to the ratio of N itself (equal ratios = linear).
+``--profile N`` instead runs one cycle at N rollouts under cProfile (the coordinator's thread
+and every participant's commit thread, merged) and prints the top functions by own time and by
+cumulative time, next to the cycle's step timings.
+
 Checkpoints stay in the store (``<store>/n<N>``) so ``rollout-checkpoint list / classify /
 verify`` work on them afterwards. With ``--json`` the last line printed is one JSON object.
 """
@@ -23,9 +27,14 @@ verify`` work on them afterwards. With ``--json`` the last line printed is one J
 from __future__ import annotations
 
 import argparse
+import cProfile
+import functools
+import io
 import json
+import pstats
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +83,46 @@ def run_one(url: str, n: int, options: dict[str, Any], state_bytes: int) -> dict
     }
 
 
+def profile_one(url: str, n: int, options: dict[str, Any], state_bytes: int, top: int) -> dict[str, Any]:
+    """One cycle under cProfile: the coordinator's thread plus each participant's commit when it
+    runs on a coordinator worker thread (a profile sees only the thread it is enabled in)."""
+    store = open_store(url, **options)
+    deployment = DemoDeployment(store)
+    deployment.populate(n, agent_states=payloads(n, state_bytes, seed=n))
+    profiles: list[cProfile.Profile] = []
+
+    def profiled(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                return fn(*args, **kwargs)  # already under the main profile (one per thread)
+            profile = cProfile.Profile()
+            profiles.append(profile)
+            return profile.runcall(fn, *args, **kwargs)
+
+        return run
+
+    for participant in deployment.participants:
+        participant.commit = profiled(participant.commit)  # type: ignore[method-assign]
+    main_profile = cProfile.Profile()
+    profiles.append(main_profile)
+    try:
+        outcome = main_profile.runcall(deployment.checkpoint, deadline_s=600)
+    finally:
+        deployment.close()
+    assert outcome.clean, outcome.post_commit_errors
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        stats.add(profile)
+    out: dict[str, Any] = {"rollouts": n, "pause_s": outcome.pause_seconds, "timings": outcome.timings}
+    for order in ("tottime", "cumulative"):
+        buffer = io.StringIO()
+        stats.stream = buffer  # type: ignore[attr-defined]
+        stats.sort_stats(order).print_stats(top)
+        out[order] = buffer.getvalue()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,8 +135,24 @@ def main(argv: list[str] | None = None) -> int:
         "--state-bytes", type=int, default=2048, help="opaque agent state per parked rollout (default 2 KiB)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument(
+        "--profile", type=int, default=None, metavar="N", help="profile one cycle at N rollouts instead"
+    )
+    parser.add_argument("--top", type=int, default=25, help="functions listed by --profile (default 25)")
     args = parser.parse_args(argv)
     base = args.store or tempfile.mkdtemp(prefix="checkpoint-cycle-")
+    if args.profile is not None:
+        url = _sub_url(base, args.profile)
+        profiled = profile_one(
+            url, args.profile, storage_options(url, args.endpoint_url), args.state_bytes, args.top
+        )
+        if args.json:
+            print(json.dumps(profiled))
+        else:
+            print(f"N={args.profile}: pause {profiled['pause_s']:.3f}s  timings {profiled['timings']}")
+            print(profiled["tottime"])
+            print(profiled["cumulative"])
+        return 0
     sizes = sorted(args.rollouts)
     results: list[dict[str, Any]] = []
     for n in sizes:

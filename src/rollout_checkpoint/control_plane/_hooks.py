@@ -6,11 +6,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._columnar import RecordBatch, RecordBatches
 from ..errors import InvalidRecordError
 from ..ids import ExecutionId
 from ..records import Record
 
-__all__ = ["Export", "Readiness", "execution_key", "restamp", "wrong_kind"]
+__all__ = [
+    "Export",
+    "ExportRecords",
+    "Readiness",
+    "RecordBatch",
+    "RecordBatches",
+    "execution_key",
+    "restamp",
+    "wrong_kind",
+]
+
+ExportRecords = Sequence[Record] | RecordBatches
+"""What an export commits: record models, or pre-encoded columnar batches (the fast path)."""
 
 
 def execution_key(execution: ExecutionId) -> tuple[str, int]:
@@ -30,11 +43,20 @@ class Readiness:
 @dataclass(frozen=True)
 class Export:
     """What a subclass commits: records to archive, the executions they cover, and the live
-    executions that must restart from their input instead (restart-only state)."""
+    executions that must restart from their input instead (restart-only state).
 
-    records: Sequence[Record]
+    ``records`` never changes once the export exists, whatever the participant does next (the
+    commit may write it after the participant resumed): :class:`RecordBatches` hold encoded
+    bytes; a sequence of (frozen) record models is copied into a tuple here.
+    """
+
+    records: ExportRecords
     executions: Sequence[ExecutionId]
     restarts: Sequence[ExecutionId] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.records, RecordBatches | tuple):
+            object.__setattr__(self, "records", tuple(self.records))
 
 
 def restamp(record: Record, attempt: int) -> Record:

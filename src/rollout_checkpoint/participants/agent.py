@@ -13,12 +13,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from .._columnar import b64, check_ids, encode_docs
 from ..control import WorkerTopology
 from ..control_plane import (
     DEFAULT_LEASE_GRACE_SECONDS,
     Export,
     Participant,
     Readiness,
+    RecordBatch,
+    RecordBatches,
     execution_key,
     restamp,
     wrong_kind,
@@ -256,17 +259,17 @@ class AgentParticipant(Participant):
         )
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        records: list[Record] = []
-        executions: list[ExecutionId] = []
-        for execution, run in sorted(self._runs.items(), key=lambda item: execution_key(item[0])):
-            if run.restart_only or run.boundary is None or not self._in_scope(execution, scope):
-                continue
-            record = run.boundary
-            if run.awaiting is not None:
-                record = record.model_copy(update={"pending_model_call_id": run.awaiting})
-            records.append(record)
-            executions.append(execution)
-        return Export(records=records, executions=executions, restarts=self._restarts(scope))
+        parked = sorted(
+            (
+                (execution, run.boundary, run.awaiting)
+                for execution, run in self._runs.items()
+                if not run.restart_only and run.boundary is not None and self._in_scope(execution, scope)
+            ),
+            key=lambda item: (item[0].rollout_id, item[0].attempt),
+        )
+        executions = [execution for execution, _, _ in parked]
+        batch = boundary_batch([(boundary, awaiting) for _, boundary, awaiting in parked])
+        return Export(records=RecordBatches([batch]), executions=executions, restarts=self._restarts(scope))
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         if records and self.mode == "restart_only":
@@ -297,3 +300,47 @@ class AgentParticipant(Participant):
     def _retire_state(self, executions: Sequence[ExecutionId]) -> None:
         for execution in self._covered_live(executions):
             self._drop_run(execution)
+
+
+def boundary_batch(parked: Sequence[tuple[AgentBoundaryRecord, str | None]]) -> RecordBatch:
+    """The ``agent_boundary`` members of ``(boundary, awaited model call)`` pairs, encoded in bulk.
+
+    Each payload is orjson of the model's JSON shape built from the (validated, frozen) record's
+    fields, with ``pending_model_call_id`` set to the awaited call; refs and revisions are what
+    ``index_refs()`` / ``index_revision()`` give, built fresh (no dict of the record is shared).
+    """
+    check_ids((a for _, a in parked if a is not None), "pending_model_call_id")
+    docs = [
+        {
+            "schema_version": r.schema_version,
+            "rollout_id": r.rollout_id,
+            "attempt": r.attempt,
+            "boundary_index": r.boundary_index,
+            "turn_index": r.turn_index,
+            "last_model_call_id": r.last_model_call_id,
+            "pending_model_call_id": awaiting if awaiting is not None else r.pending_model_call_id,
+            "resource_revisions": r.resource_revisions,
+            "output_items": r.output_items,
+            "usage": r.usage,
+            "cookies": r.cookies,
+            "agent_state": None if r.agent_state is None else b64(r.agent_state),
+        }
+        for r, awaiting in parked
+    ]
+    refs = [
+        {
+            "model_call": r.last_model_call_id,
+            "pending_model_call": d["pending_model_call_id"],
+            "resources": {i: dict(sessions) for i, sessions in r.resource_revisions.items()},
+        }
+        for (r, _), d in zip(parked, docs, strict=True)
+    ]
+    return RecordBatch(
+        kind=AgentBoundaryRecord.kind,
+        rollout_ids=tuple(r.rollout_id for r, _ in parked),
+        attempts=tuple(r.attempt for r, _ in parked),
+        keys=tuple(f"{r.boundary_index:08d}" for r, _ in parked),
+        payloads=tuple(encode_docs(docs)),
+        revisions=tuple(r.boundary_index for r, _ in parked),
+        refs=tuple(refs),
+    )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from .. import layout
+from .._columnar import b64, check_ids, check_lengths, check_non_negative, encode_docs
 from ..archive import ArchiveReader
 from ..control import CheckpointMode, WorkerTopology
 from ..control_plane import (
@@ -21,6 +22,8 @@ from ..control_plane import (
     Export,
     Participant,
     Readiness,
+    RecordBatch,
+    RecordBatches,
     execution_key,
     wrong_kind,
 )
@@ -33,7 +36,7 @@ from ..errors import (
 )
 from ..ids import ExecutionId, validate_id
 from ..manifests import read_record
-from ..records import Record, ResourceSnapshotRecord
+from ..records import RECORD_SCHEMA_VERSION, Record, ResourceSnapshotRecord
 from ..store import ObjectStore, open_store
 from .codecs import JsonCodec, StateCodec
 
@@ -223,31 +226,34 @@ class ResourcesParticipant(Participant):
         if self.mode == "restart_only":
             live = [e for e in self._live_executions() if self._in_scope(e, scope)]
             return Export(records=[], executions=[], restarts=live)
-        records: list[Record] = []
-        executions: set[ExecutionId] = set()
-        for (execution, session_id), session in sorted(
-            self._sessions.items(), key=lambda item: (execution_key(item[0][0]), item[0][1])
-        ):
-            if not self._in_scope(execution, scope):
-                continue
+        sessions = sorted(
+            (
+                (execution, session_id, session.state, session.revision)
+                for (execution, session_id), session in self._sessions.items()
+                if self._in_scope(execution, scope)
+            ),
+            key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
+        )
+        states: list[bytes] = []
+        encode = self.codec.encode
+        for execution, session_id, state, _ in sessions:
             try:
-                data = self.codec.encode(session.state)
+                data = encode(state)
             except (TypeError, ValueError) as exc:
                 raise InvalidRecordError(
                     f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {exc}"
                 ) from exc
-            records.append(
-                ResourceSnapshotRecord(
-                    rollout_id=execution.rollout_id,
-                    attempt=execution.attempt,
-                    session_id=session_id,
-                    revision=session.revision,
-                    codec=self.codec.name,
-                    state=data,
-                )
-            )
-            executions.add(execution)
-        return Export(records=records, executions=sorted(executions, key=execution_key))
+            if type(data) is not bytes:
+                if not isinstance(data, bytes | bytearray | memoryview):
+                    raise InvalidRecordError(
+                        f"{self.codec.name} codec returned {type(data).__name__} for session {session_id} "
+                        f"of {execution}, not bytes"
+                    )
+                data = bytes(data)
+            states.append(data)
+        batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], states)
+        executions = sorted({e for e, _, _, _ in sessions}, key=execution_key)
+        return Export(records=RecordBatches([batch]), executions=executions)
 
     def _check_references(
         self,
@@ -345,3 +351,33 @@ def _referenced_revisions(
                 execution = ExecutionId(rollout_id=member.rollout_id, attempt=member.attempt)
                 out.append((execution, {str(k): int(v) for k, v in sessions.items() if isinstance(v, int)}))
     return out
+
+
+def snapshot_batch(
+    codec: str, sessions: Sequence[tuple[ExecutionId, str, int]], states: Sequence[bytes]
+) -> RecordBatch:
+    """The ``resource_snapshot`` members of ``(execution, session_id, revision)`` with their
+    encoded states, in bulk: what ``ResourceSnapshotRecord`` validates is checked per column."""
+    check_lengths([codec], "codec", 1, 128)
+    check_ids((s for _, s, _ in sessions), "session_id")
+    check_non_negative((r for _, _, r in sessions), "revision")
+    docs = [
+        {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "rollout_id": e.rollout_id,
+            "attempt": e.attempt,
+            "session_id": session_id,
+            "revision": revision,
+            "codec": codec,
+            "state": b64(state),
+        }
+        for (e, session_id, revision), state in zip(sessions, states, strict=True)
+    ]
+    return RecordBatch(
+        kind=ResourceSnapshotRecord.kind,
+        rollout_ids=tuple(e.rollout_id for e, _, _ in sessions),
+        attempts=tuple(e.attempt for e, _, _ in sessions),
+        keys=tuple(s for _, s, _ in sessions),
+        payloads=tuple(encode_docs(docs)),
+        revisions=tuple(r for _, _, r in sessions),
+    )

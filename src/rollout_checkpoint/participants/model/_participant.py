@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from ...control import WorkerTopology
-from ...control_plane import DEFAULT_LEASE_GRACE_SECONDS, Export, Readiness, execution_key
+from ...control_plane import DEFAULT_LEASE_GRACE_SECONDS, Export, Readiness, RecordBatches, execution_key
 from ...errors import (
     GenerationCutError,
     IdentityConflictError,
@@ -21,7 +21,7 @@ from ...errors import (
     UnknownExecutionError,
 )
 from ...ids import ExecutionId, validate_id
-from ...records import GenerationCut, ModelCallLineageRecord, Record, TokenStoreReceipt
+from ...records import GenerationCut, ModelCallLineageRecord, Record
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
 from ._calls import (
@@ -36,6 +36,7 @@ from ._calls import (
 )
 from ._chain import Chain, chains_from_records
 from ._cutting import CutRounds
+from ._export import lineage_batch, receipt_batch
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
@@ -432,7 +433,8 @@ class PolicyModelParticipant(CutRounds):
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
-        records: list[Record] = []
+        lineage: list[ModelCallLineageRecord] = []
+        receipts: list[tuple[ExecutionId, str, str, int]] = []
         executions: list[ExecutionId] = []
         for execution, chain in sorted(self._chains.items(), key=lambda item: execution_key(item[0])):
             if not self._in_scope(execution, scope):
@@ -453,24 +455,13 @@ class PolicyModelParticipant(CutRounds):
             if not chain.calls and not pending:
                 continue
             executions.append(execution)
-
-            def receipt(key: str, digest: str, length: int, ex: ExecutionId = execution) -> TokenStoreReceipt:
-                return TokenStoreReceipt(
-                    rollout_id=ex.rollout_id,
-                    attempt=ex.attempt,
-                    store=self.token_sink.name,
-                    snapshot_id=snapshot_id,
-                    key=key,
-                    digest=digest,
-                    length=length,
-                )
-
-            for lineage in chain.calls:
-                put = chain.receipts[lineage.call_id]
-                records += [lineage, receipt(put.key, put.digest, put.length)]
+            for call in chain.calls:
+                put = chain.receipts[call.call_id]
+                lineage.append(call)
+                receipts.append((execution, put.key, put.digest, put.length))
             for call_id, (version, cut, continued) in sorted(pending.items()):
-                records.append(
-                    ModelCallLineageRecord(
+                lineage.append(
+                    ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
                         rollout_id=execution.rollout_id,
                         attempt=execution.attempt,
                         call_id=call_id,
@@ -481,8 +472,9 @@ class PolicyModelParticipant(CutRounds):
                         continued_from=continued,
                     )
                 )
-                records.append(receipt(cut.receipt_key, cut.receipt_digest, cut.receipt_length))
-        return Export(records=records, executions=executions)
+                receipts.append((execution, cut.receipt_key, cut.receipt_digest, cut.receipt_length))
+        batches = [lineage_batch(lineage), receipt_batch(self.token_sink.name, snapshot_id, receipts)]
+        return Export(records=RecordBatches(batches), executions=executions)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         chains = chains_from_records(records, delivery=self.delivery, token_source=self.token_source)

@@ -1,0 +1,96 @@
+"""The policy model's commit in columns: lineage and token-receipt members encoded in bulk.
+
+Payloads are orjson of the record models' JSON shape built from plain dicts (the lineage records
+are validated, frozen models already; receipts are built from the sink's receipts), and what
+``ModelCallLineageRecord`` / ``TokenStoreReceipt`` validate is checked per column, so a bad value
+still fails the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..._columnar import RecordBatch, check_ids, check_lengths, check_non_negative, encode_docs
+from ...errors import InvalidRecordError
+from ...ids import ExecutionId
+from ...records import RECORD_SCHEMA_VERSION, GenerationCut, ModelCallLineageRecord, TokenStoreReceipt
+
+__all__ = ["lineage_batch", "receipt_batch"]
+
+
+def _cut(cut: GenerationCut | None) -> dict[str, Any] | None:
+    return None if cut is None else cut.model_dump(mode="json")
+
+
+def lineage_batch(calls: Sequence[ModelCallLineageRecord]) -> RecordBatch:
+    """``model_lineage`` members of (validated) lineage records."""
+    check_ids((c.call_id for c in calls), "call_id")
+    check_ids((c.parent_call_id for c in calls if c.parent_call_id is not None), "parent_call_id")
+    check_lengths((c.policy_version for c in calls), "policy_version", 1, 256)
+    for call in calls:
+        if call.cut is not None and call.token_key != call.cut.receipt_key:
+            raise InvalidRecordError(f"model call {call.call_id}: token_key is not its cut's receipt_key")
+    docs = [
+        {
+            "schema_version": c.schema_version,
+            "rollout_id": c.rollout_id,
+            "attempt": c.attempt,
+            "call_id": c.call_id,
+            "parent_call_id": c.parent_call_id,
+            "policy_version": c.policy_version,
+            "token_key": c.token_key,
+            "cut": _cut(c.cut),
+            "continued_from": _cut(c.continued_from),
+        }
+        for c in calls
+    ]
+    refs: list[dict[str, Any]] = []
+    for call in calls:
+        ref: dict[str, Any] = {"parent": call.parent_call_id, "token_key": call.token_key}
+        if call.cut is not None:  # absent (not null) for delivered calls, as index_refs() gives
+            ref["cut"] = call.cut.index_refs()
+        refs.append(ref)
+    return RecordBatch(
+        kind=ModelCallLineageRecord.kind,
+        rollout_ids=tuple(c.rollout_id for c in calls),
+        attempts=tuple(c.attempt for c in calls),
+        keys=tuple(c.call_id for c in calls),
+        payloads=tuple(encode_docs(docs)),
+        refs=tuple(refs),
+    )
+
+
+def receipt_batch(
+    store: str, snapshot_id: str, receipts: Sequence[tuple[ExecutionId, str, str, int]]
+) -> RecordBatch:
+    """``token_receipt`` members of ``(execution, key, digest, length)`` from the token sink."""
+    check_lengths([store], "token store name", 1, 256)
+    check_ids([snapshot_id], "snapshot_id")
+    check_lengths((k for _, k, _, _ in receipts), "token key", 1, 512)
+    check_lengths((d for _, _, d, _ in receipts), "token digest", 1, None)
+    check_non_negative((n for _, _, _, n in receipts), "token length")
+    docs = [
+        {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "rollout_id": e.rollout_id,
+            "attempt": e.attempt,
+            "store": store,
+            "snapshot_id": snapshot_id,
+            "key": key,
+            "digest": digest,
+            "length": length,
+        }
+        for e, key, digest, length in receipts
+    ]
+    return RecordBatch(
+        kind=TokenStoreReceipt.kind,
+        rollout_ids=tuple(e.rollout_id for e, _, _, _ in receipts),
+        attempts=tuple(e.attempt for e, _, _, _ in receipts),
+        keys=tuple(k for _, k, _, _ in receipts),
+        payloads=tuple(encode_docs(docs)),
+        refs=tuple(
+            {"store": store, "snapshot_id": snapshot_id, "digest": digest, "length": length}
+            for _, _, digest, length in receipts
+        ),
+    )
