@@ -12,18 +12,18 @@ a checkpoint then classifies the rollout ``completed`` and never resumes it.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import JsonValue
 
 from . import layout
+from ._columnar import RecordBatch, encode_docs
 from .errors import AdmissionClosedError, IdentityConflictError, InvalidPhaseError, StaleAttemptError
 from .ids import ExecutionId, validate_id
-from .records import CompletedResultRecord, DispatchRecord, DispatchState
+from .records import RECORD_SCHEMA_VERSION, CompletedResultRecord, DispatchRecord, DispatchState
 from .store import ObjectStore
 
 if TYPE_CHECKING:
@@ -286,8 +286,9 @@ class LiveExecutionRegistry:
         """Write the registry as the ``framework/registry`` component archive of ``checkpoint_id``.
 
         One ``dispatch`` member per entry and one ``completed_result`` member per retained
-        result; payloads are built as JSON directly (the bulk path, no per-record validation;
-        :func:`records.decode_record` reads them back as the record models).
+        result, as two columnar batches (``ArchiveWriter.write_columns``): payloads are orjson
+        of the record models' JSON shape, built in bulk from the entries (validated when they
+        were made); :func:`records.decode_record` reads them back as the record models.
         """
         from .archive import ArchiveWriter
 
@@ -305,30 +306,17 @@ class LiveExecutionRegistry:
             instance=REGISTRY_INSTANCE,
             **writer_options,
         )
-        dumps = json.dumps
         try:
-            for rollout_id, attempt, state, digest, restart_only, result in rows:
-                payload = dumps(
-                    {
-                        "schema_version": 1,
-                        "rollout_id": rollout_id,
-                        "attempt": attempt,
-                        "state": state,
-                        "input_digest": digest,
-                        "restart_only": restart_only,
-                    },
-                    separators=(",", ":"),
-                ).encode()
-                writer.write_raw(
-                    DispatchRecord.kind,
-                    rollout_id,
-                    attempt,
-                    "dispatch",
-                    payload,
-                    refs={"state": state, "restart_only": restart_only},
+            for batch in registry_batches(rows):
+                writer.write_columns(
+                    batch.kind,
+                    batch.rollout_ids,
+                    batch.attempts,
+                    batch.keys,
+                    batch.payloads,
+                    revisions=batch.revisions,
+                    refs=batch.refs,
                 )
-                if result is not None:
-                    writer.write(result)
             counts: dict[str, int] = {}
             for row in rows:
                 counts[row[2]] = counts.get(row[2], 0) + 1
@@ -413,3 +401,49 @@ class LiveExecutionRegistry:
         del self._entries[entry.rollout_id]
         mark = self._retired.get(entry.rollout_id, -1)
         self._retired[entry.rollout_id] = max(mark, entry.attempt)
+
+
+_Row = tuple[str, int, DispatchState, str | None, bool, CompletedResultRecord | None]
+
+
+def registry_batches(rows: Sequence[_Row]) -> list[RecordBatch]:
+    """The ``dispatch`` batch of every entry and the ``completed_result`` batch of the kept results."""
+    dispatch_docs = [
+        {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "rollout_id": rollout_id,
+            "attempt": attempt,
+            "state": state,
+            "input_digest": digest,
+            "restart_only": restart_only,
+        }
+        for rollout_id, attempt, state, digest, restart_only, _ in rows
+    ]
+    dispatch = RecordBatch(
+        kind=DispatchRecord.kind,
+        rollout_ids=tuple(r[0] for r in rows),
+        attempts=tuple(r[1] for r in rows),
+        keys=("dispatch",) * len(rows),
+        payloads=tuple(encode_docs(dispatch_docs)),
+        refs=tuple({"state": r[2], "restart_only": r[4]} for r in rows),
+    )
+    results = [r[5] for r in rows if r[5] is not None]
+    result_docs = [
+        {
+            "schema_version": r.schema_version,
+            "rollout_id": r.rollout_id,
+            "attempt": r.attempt,
+            "result": r.result,
+            "reward": r.reward,
+            "acknowledged": r.acknowledged,
+        }
+        for r in results
+    ]
+    completed = RecordBatch(
+        kind=CompletedResultRecord.kind,
+        rollout_ids=tuple(r.rollout_id for r in results),
+        attempts=tuple(r.attempt for r in results),
+        keys=("result",) * len(results),
+        payloads=tuple(encode_docs(result_docs)),
+    )
+    return [dispatch, completed]

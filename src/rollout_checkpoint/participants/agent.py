@@ -13,14 +13,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from .._columnar import b64, check_ids, encode_docs
 from ..control import WorkerTopology
 from ..control_plane import (
     DEFAULT_LEASE_GRACE_SECONDS,
     Export,
     Participant,
     Readiness,
-    RecordBatch,
     RecordBatches,
     execution_key,
     restamp,
@@ -29,6 +27,7 @@ from ..control_plane import (
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
 from ..ids import ExecutionId, validate_id
 from ..records import AgentBoundaryRecord, Record
+from ._boundaries import SavedBoundary, boundary_batch
 
 __all__ = ["AgentMode", "AgentParticipant"]
 
@@ -38,11 +37,15 @@ AgentMode = Literal["exported", "restart_only"]
 @dataclass
 class _AgentRun:
     running: bool
-    boundary: AgentBoundaryRecord | None = None
+    saved: SavedBoundary | None = None  # the latest boundary, encoded when reported
     restored: bool = False  # restored and not yet picked up by its replacement
     restart_only: bool = False  # this run cannot continue: reported as a restart, never exported
     awaiting: str | None = None  # the model call the run is parked on (first since its boundary)
     calls_since_boundary: int = 0
+
+    @property
+    def boundary(self) -> AgentBoundaryRecord | None:
+        return None if self.saved is None else self.saved.record()
 
 
 class AgentParticipant(Participant):
@@ -146,7 +149,7 @@ class AgentParticipant(Participant):
                 raise InvalidPhaseError(f"{execution}: awaiting a model call outside a turn (start a turn)")
             if run.awaiting is not None:
                 raise InvalidPhaseError(f"{execution}: already awaiting model call {run.awaiting}")
-            parks = run.calls_since_boundary == 0 and run.boundary is not None
+            parks = run.calls_since_boundary == 0 and run.saved is not None
             run.calls_since_boundary += 1
             if parks:
                 run.awaiting = call_id
@@ -182,17 +185,18 @@ class AgentParticipant(Participant):
             raise InvalidRecordError(
                 f"{execution}: pending_model_call_id is set by the agent participant, not reported"
             )
+        saved = SavedBoundary.of(record)  # encoded once, here, not inside a checkpoint's pause
         with self._cond:
             self._require_live(execution)
             run = self._run(execution)
             if run.awaiting is not None:
                 raise InvalidPhaseError(f"{execution}: boundary while awaiting model call {run.awaiting}")
-            if run.boundary is not None and record.boundary_index <= run.boundary.boundary_index:
+            if run.saved is not None and record.boundary_index <= run.saved.boundary_index:
                 raise InvalidRecordError(
                     f"{execution}: boundary_index {record.boundary_index} does not advance past "
-                    f"{run.boundary.boundary_index}"
+                    f"{run.saved.boundary_index}"
                 )
-            run.boundary = record
+            run.saved = saved
             run.running = False
             run.calls_since_boundary = 0
             self._mark(execution)
@@ -261,9 +265,9 @@ class AgentParticipant(Participant):
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
         parked = sorted(
             (
-                (execution, run.boundary, run.awaiting)
+                (execution, run.saved, run.awaiting)
                 for execution, run in self._runs.items()
-                if not run.restart_only and run.boundary is not None and self._in_scope(execution, scope)
+                if not run.restart_only and run.saved is not None and self._in_scope(execution, scope)
             ),
             key=lambda item: (item[0].rollout_id, item[0].attempt),
         )
@@ -281,14 +285,18 @@ class AgentParticipant(Participant):
             if record.execution in boundaries:
                 raise InvalidRecordError(f"{record.execution} has more than one boundary in the checkpoint")
             boundaries[record.execution] = record
+        saved = {
+            execution: SavedBoundary.of(cast(AgentBoundaryRecord, restamp(record, execution.attempt + 1)))
+            for execution, record in boundaries.items()
+        }
 
         def install() -> list[ExecutionId]:
             restored = []
-            for execution, record in boundaries.items():
+            for execution in boundaries:
                 nxt = execution.next_attempt()
                 self._runs[nxt] = _AgentRun(
                     running=False,
-                    boundary=cast(AgentBoundaryRecord, restamp(record, nxt.attempt)),
+                    saved=saved[execution],
                     restored=True,
                 )
                 self._pending.add(nxt)
@@ -300,47 +308,3 @@ class AgentParticipant(Participant):
     def _retire_state(self, executions: Sequence[ExecutionId]) -> None:
         for execution in self._covered_live(executions):
             self._drop_run(execution)
-
-
-def boundary_batch(parked: Sequence[tuple[AgentBoundaryRecord, str | None]]) -> RecordBatch:
-    """The ``agent_boundary`` members of ``(boundary, awaited model call)`` pairs, encoded in bulk.
-
-    Each payload is orjson of the model's JSON shape built from the (validated, frozen) record's
-    fields, with ``pending_model_call_id`` set to the awaited call; refs and revisions are what
-    ``index_refs()`` / ``index_revision()`` give, built fresh (no dict of the record is shared).
-    """
-    check_ids((a for _, a in parked if a is not None), "pending_model_call_id")
-    docs = [
-        {
-            "schema_version": r.schema_version,
-            "rollout_id": r.rollout_id,
-            "attempt": r.attempt,
-            "boundary_index": r.boundary_index,
-            "turn_index": r.turn_index,
-            "last_model_call_id": r.last_model_call_id,
-            "pending_model_call_id": awaiting if awaiting is not None else r.pending_model_call_id,
-            "resource_revisions": r.resource_revisions,
-            "output_items": r.output_items,
-            "usage": r.usage,
-            "cookies": r.cookies,
-            "agent_state": None if r.agent_state is None else b64(r.agent_state),
-        }
-        for r, awaiting in parked
-    ]
-    refs = [
-        {
-            "model_call": r.last_model_call_id,
-            "pending_model_call": d["pending_model_call_id"],
-            "resources": {i: dict(sessions) for i, sessions in r.resource_revisions.items()},
-        }
-        for (r, _), d in zip(parked, docs, strict=True)
-    ]
-    return RecordBatch(
-        kind=AgentBoundaryRecord.kind,
-        rollout_ids=tuple(r.rollout_id for r, _ in parked),
-        attempts=tuple(r.attempt for r, _ in parked),
-        keys=tuple(f"{r.boundary_index:08d}" for r, _ in parked),
-        payloads=tuple(encode_docs(docs)),
-        revisions=tuple(r.boundary_index for r, _ in parked),
-        refs=tuple(refs),
-    )

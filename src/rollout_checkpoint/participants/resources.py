@@ -50,6 +50,7 @@ DEFAULT_ADMISSION_WAIT_SECONDS = 300.0
 class _Session:
     state: Any
     revision: int
+    encoded: bytes | Exception | None  # the codec's bytes of ``state`` (exported mode), or its error
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
 
@@ -109,12 +110,13 @@ class ResourcesParticipant(Participant):
     ) -> int:
         """Seed a session at revision 0 (new work: waits up to ``wait`` s while a checkpoint runs)."""
         validate_id(session_id, "session_id")
+        encoded = self._encode(state)
         with self._cond:
             self._admit(execution, wait=self._wait(wait))
             if (execution, session_id) in self._sessions:
                 raise IdentityConflictError(f"session {session_id} of {execution} is already open")
             self._register(execution)
-            self._add_session(execution, session_id, _Session(state=state, revision=0))
+            self._add_session(execution, session_id, _Session(state=state, revision=0, encoded=encoded))
             return 0
 
     def mutate(
@@ -128,8 +130,10 @@ class ResourcesParticipant(Participant):
         """Apply ``fn(state) -> new_state`` under the session lock; returns the new revision.
 
         Treat the state as immutable inside ``fn`` (return a new value): if ``fn`` raises, the
-        old state and revision stay. While a checkpoint runs the mutation waits for resume, up to
-        ``wait`` s (default ``admission_wait``; ``0`` refuses at once).
+        old state and revision stay. An exported session's new state is encoded here, under the
+        session lock, so a commit only gathers bytes (a codec error is raised by the commit).
+        While a checkpoint runs the mutation waits for resume, up to ``wait`` s (default
+        ``admission_wait``; ``0`` refuses at once).
         """
         with self._cond:
             self._admit(execution, wait=self._wait(wait))
@@ -142,9 +146,11 @@ class ResourcesParticipant(Participant):
                     self._still_current(execution, session_id, session)
                     state = session.state
                 new_state = fn(state)
+                encoded = self._encode(new_state)
                 with self._cond:
                     self._still_current(execution, session_id, session)
                     session.state = new_state
+                    session.encoded = encoded
                     session.revision += 1
                     return session.revision
         finally:
@@ -173,6 +179,20 @@ class ResourcesParticipant(Participant):
                 if execution not in self._by_execution:
                     self._unregister(execution)
             self._changed()
+
+    def _encode(self, state: Any) -> bytes | Exception | None:
+        """The codec's bytes of ``state`` (``None`` unless exported); an error is kept, not raised."""
+        if self.mode != "exported":
+            return None
+        try:
+            data: Any = self.codec.encode(state)
+        except (TypeError, ValueError) as exc:
+            return exc
+        if type(data) is bytes:
+            return data
+        if isinstance(data, bytearray | memoryview):
+            return bytes(data)
+        return TypeError(f"the codec returned {type(data).__name__}, not bytes")
 
     def _wait(self, wait: float | None) -> float:
         return self.admission_wait if wait is None else wait
@@ -228,29 +248,19 @@ class ResourcesParticipant(Participant):
             return Export(records=[], executions=[], restarts=live)
         sessions = sorted(
             (
-                (execution, session_id, session.state, session.revision)
+                (execution, session_id, session.encoded, session.revision)
                 for (execution, session_id), session in self._sessions.items()
                 if self._in_scope(execution, scope)
             ),
             key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
         )
         states: list[bytes] = []
-        encode = self.codec.encode
-        for execution, session_id, state, _ in sessions:
-            try:
-                data = encode(state)
-            except (TypeError, ValueError) as exc:
+        for execution, session_id, encoded, _ in sessions:
+            if not isinstance(encoded, bytes):
                 raise InvalidRecordError(
-                    f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {exc}"
-                ) from exc
-            if type(data) is not bytes:
-                if not isinstance(data, bytes | bytearray | memoryview):
-                    raise InvalidRecordError(
-                        f"{self.codec.name} codec returned {type(data).__name__} for session {session_id} "
-                        f"of {execution}, not bytes"
-                    )
-                data = bytes(data)
-            states.append(data)
+                    f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {encoded}"
+                ) from (encoded if isinstance(encoded, Exception) else None)
+            states.append(encoded)
         batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], states)
         executions = sorted({e for e, _, _, _ in sessions}, key=execution_key)
         return Export(records=RecordBatches([batch]), executions=executions)
@@ -309,7 +319,8 @@ class ResourcesParticipant(Participant):
             restored: set[ExecutionId] = set()
             for (execution, session_id), (state, revision) in decoded.items():
                 nxt = execution.next_attempt()
-                self._add_session(nxt, session_id, _Session(state=state, revision=revision))
+                session = _Session(state=state, revision=revision, encoded=self._encode(state))
+                self._add_session(nxt, session_id, session)
                 restored.add(nxt)
             return list(restored)
 

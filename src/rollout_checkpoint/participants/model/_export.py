@@ -16,35 +16,46 @@ from ...errors import InvalidRecordError
 from ...ids import ExecutionId
 from ...records import RECORD_SCHEMA_VERSION, GenerationCut, ModelCallLineageRecord, TokenStoreReceipt
 
-__all__ = ["lineage_batch", "receipt_batch"]
+__all__ = ["lineage_batch", "lineage_doc", "lineage_payload", "receipt_batch"]
 
 
 def _cut(cut: GenerationCut | None) -> dict[str, Any] | None:
     return None if cut is None else cut.model_dump(mode="json")
 
 
-def lineage_batch(calls: Sequence[ModelCallLineageRecord]) -> RecordBatch:
-    """``model_lineage`` members of (validated) lineage records."""
+def lineage_doc(call: ModelCallLineageRecord) -> dict[str, Any]:
+    """The record's JSON shape as a plain dict."""
+    return {
+        "schema_version": call.schema_version,
+        "rollout_id": call.rollout_id,
+        "attempt": call.attempt,
+        "call_id": call.call_id,
+        "parent_call_id": call.parent_call_id,
+        "policy_version": call.policy_version,
+        "token_key": call.token_key,
+        "cut": _cut(call.cut),
+        "continued_from": _cut(call.continued_from),
+    }
+
+
+def lineage_payload(call: ModelCallLineageRecord) -> bytes:
+    """One lineage record's payload (a delivered call's is built once, when it is delivered)."""
+    return encode_docs([lineage_doc(call)])[0]
+
+
+def lineage_batch(calls: Sequence[ModelCallLineageRecord], encoded: Sequence[bytes | None]) -> RecordBatch:
+    """``model_lineage`` members of (validated) lineage records; ``encoded[i]`` is the payload
+    of ``calls[i]`` built when it was delivered, or ``None`` (encoded here, in bulk)."""
     check_ids((c.call_id for c in calls), "call_id")
     check_ids((c.parent_call_id for c in calls if c.parent_call_id is not None), "parent_call_id")
     check_lengths((c.policy_version for c in calls), "policy_version", 1, 256)
     for call in calls:
         if call.cut is not None and call.token_key != call.cut.receipt_key:
             raise InvalidRecordError(f"model call {call.call_id}: token_key is not its cut's receipt_key")
-    docs = [
-        {
-            "schema_version": c.schema_version,
-            "rollout_id": c.rollout_id,
-            "attempt": c.attempt,
-            "call_id": c.call_id,
-            "parent_call_id": c.parent_call_id,
-            "policy_version": c.policy_version,
-            "token_key": c.token_key,
-            "cut": _cut(c.cut),
-            "continued_from": _cut(c.continued_from),
-        }
-        for c in calls
-    ]
+    payloads = list(encoded)
+    missing = [i for i, p in enumerate(payloads) if p is None]
+    for i, payload in zip(missing, encode_docs([lineage_doc(calls[i]) for i in missing]), strict=True):
+        payloads[i] = payload
     refs: list[dict[str, Any]] = []
     for call in calls:
         ref: dict[str, Any] = {"parent": call.parent_call_id, "token_key": call.token_key}
@@ -56,7 +67,7 @@ def lineage_batch(calls: Sequence[ModelCallLineageRecord]) -> RecordBatch:
         rollout_ids=tuple(c.rollout_id for c in calls),
         attempts=tuple(c.attempt for c in calls),
         keys=tuple(c.call_id for c in calls),
-        payloads=tuple(encode_docs(docs)),
+        payloads=tuple(p for p in payloads if p is not None),
         refs=tuple(refs),
     )
 

@@ -36,7 +36,7 @@ from ._calls import (
 )
 from ._chain import Chain, chains_from_records
 from ._cutting import CutRounds
-from ._export import lineage_batch, receipt_batch
+from ._export import lineage_batch, lineage_payload, receipt_batch
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
@@ -356,6 +356,7 @@ class PolicyModelParticipant(CutRounds):
         if self.lineage_store is not None:
             self.lineage_store.record(record)
         chain.calls.append(record)
+        chain.encoded[record.call_id] = lineage_payload(record)  # not inside a checkpoint's pause
         chain.receipts[record.call_id] = receipt
         chain.inflight.discard(record.call_id)
         # A restored cut whose call was not re-issued before the lineage moved on is void.
@@ -434,6 +435,7 @@ class PolicyModelParticipant(CutRounds):
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
         lineage: list[ModelCallLineageRecord] = []
+        encoded: list[bytes | None] = []
         receipts: list[tuple[ExecutionId, str, str, int]] = []
         executions: list[ExecutionId] = []
         for execution, chain in sorted(self._chains.items(), key=lambda item: execution_key(item[0])):
@@ -458,6 +460,7 @@ class PolicyModelParticipant(CutRounds):
             for call in chain.calls:
                 put = chain.receipts[call.call_id]
                 lineage.append(call)
+                encoded.append(chain.encoded.get(call.call_id))
                 receipts.append((execution, put.key, put.digest, put.length))
             for call_id, (version, cut, continued) in sorted(pending.items()):
                 lineage.append(
@@ -472,8 +475,12 @@ class PolicyModelParticipant(CutRounds):
                         continued_from=continued,
                     )
                 )
+                encoded.append(None)
                 receipts.append((execution, cut.receipt_key, cut.receipt_digest, cut.receipt_length))
-        batches = [lineage_batch(lineage), receipt_batch(self.token_sink.name, snapshot_id, receipts)]
+        batches = [
+            lineage_batch(lineage, encoded),
+            receipt_batch(self.token_sink.name, snapshot_id, receipts),
+        ]
         return Export(records=RecordBatches(batches), executions=executions)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
