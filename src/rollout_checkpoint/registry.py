@@ -220,8 +220,10 @@ class LiveExecutionRegistry:
                     checkpoint_id=self._frozen_by,
                 )
             self._frozen_by = checkpoint_id
+            # entries were validated when dispatched: no second validation per live execution
+            make = ExecutionId.model_construct
             live = [
-                ExecutionId(rollout_id=e.rollout_id, attempt=e.attempt)
+                make(rollout_id=e.rollout_id, attempt=e.attempt)
                 for e in self._entries.values()
                 if e.state in _LIVE
             ]

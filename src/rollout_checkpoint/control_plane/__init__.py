@@ -43,6 +43,7 @@ from ._hooks import (
     RecordBatches,
     execution_key,
     restamp,
+    scope_test,
     wrong_kind,
 )
 from ._idempotency import RESUMED_IDS_KEPT
@@ -61,5 +62,6 @@ __all__ = [
     "RecordBatches",
     "execution_key",
     "restamp",
+    "scope_test",
     "wrong_kind",
 ]

@@ -3,7 +3,7 @@ small execution helpers the kinds share."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .._columnar import RecordBatch, RecordBatches
@@ -19,6 +19,7 @@ __all__ = [
     "RecordBatches",
     "execution_key",
     "restamp",
+    "scope_test",
     "wrong_kind",
 ]
 
@@ -57,6 +58,16 @@ class Export:
     def __post_init__(self) -> None:
         if not isinstance(self.records, RecordBatches | tuple):
             object.__setattr__(self, "records", tuple(self.records))
+
+
+def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], bool]:
+    """``execution in scope`` (everything when ``scope`` is None) by ``(rollout_id, attempt)``
+    tuples: an export tests every live execution, and tuples hash and compare much faster than
+    the pydantic models."""
+    if scope is None:
+        return lambda execution: True
+    keys = {(e.rollout_id, e.attempt) for e in scope}
+    return lambda execution: (execution.rollout_id, execution.attempt) in keys
 
 
 def restamp(record: Record, attempt: int) -> Record:

@@ -22,6 +22,7 @@ from ..control_plane import (
     RecordBatches,
     execution_key,
     restamp,
+    scope_test,
     wrong_kind,
 )
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
@@ -240,8 +241,9 @@ class AgentParticipant(Participant):
         return run
 
     def _restarts(self, scope: frozenset[ExecutionId] | None) -> list[ExecutionId]:
+        in_scope = scope_test(scope)
         return sorted(
-            (e for e, run in self._runs.items() if run.restart_only and self._in_scope(e, scope)),
+            (e for e, run in self._runs.items() if run.restart_only and in_scope(e)),
             key=execution_key,
         )
 
@@ -263,11 +265,12 @@ class AgentParticipant(Participant):
         )
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        in_scope = scope_test(scope)
         parked = sorted(
             (
                 (execution, run.saved, run.awaiting)
                 for execution, run in self._runs.items()
-                if not run.restart_only and run.saved is not None and self._in_scope(execution, scope)
+                if not run.restart_only and run.saved is not None and in_scope(execution)
             ),
             key=lambda item: (item[0].rollout_id, item[0].attempt),
         )

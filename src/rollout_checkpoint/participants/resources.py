@@ -25,6 +25,7 @@ from ..control_plane import (
     RecordBatch,
     RecordBatches,
     execution_key,
+    scope_test,
     wrong_kind,
 )
 from ..errors import (
@@ -241,16 +242,17 @@ class ResourcesParticipant(Participant):
         return Readiness(counts=counts, restarts=restarts)
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        in_scope = scope_test(scope)
         if self.mode == "stateless":
             return Export(records=[], executions=[])
         if self.mode == "restart_only":
-            live = [e for e in self._live_executions() if self._in_scope(e, scope)]
+            live = [e for e in self._live_executions() if in_scope(e)]
             return Export(records=[], executions=[], restarts=live)
         sessions = sorted(
             (
                 (execution, session_id, session.encoded, session.revision)
                 for (execution, session_id), session in self._sessions.items()
-                if self._in_scope(execution, scope)
+                if in_scope(execution)
             ),
             key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
         )

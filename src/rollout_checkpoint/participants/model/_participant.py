@@ -11,7 +11,14 @@ from typing import Literal
 from pydantic import JsonValue
 
 from ...control import WorkerTopology
-from ...control_plane import DEFAULT_LEASE_GRACE_SECONDS, Export, Readiness, RecordBatches, execution_key
+from ...control_plane import (
+    DEFAULT_LEASE_GRACE_SECONDS,
+    Export,
+    Readiness,
+    RecordBatches,
+    execution_key,
+    scope_test,
+)
 from ...errors import (
     GenerationCutError,
     IdentityConflictError,
@@ -434,12 +441,13 @@ class PolicyModelParticipant(CutRounds):
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
+        in_scope = scope_test(scope)
         lineage: list[ModelCallLineageRecord] = []
         encoded: list[bytes | None] = []
         receipts: list[tuple[ExecutionId, str, str, int]] = []
         executions: list[ExecutionId] = []
         for execution, chain in sorted(self._chains.items(), key=lambda item: execution_key(item[0])):
-            if not self._in_scope(execution, scope):
+            if not in_scope(execution):
                 continue
             pending: dict[str, tuple[str, GenerationCut, GenerationCut | None]] = {
                 c: (p.policy_version, p.cut, None) for c, p in chain.pending.items()
