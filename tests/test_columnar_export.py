@@ -27,7 +27,7 @@ from rollout_checkpoint.participants import AgentParticipant, PolicyModelPartici
 from rollout_checkpoint.participants._boundaries import SavedBoundary, boundary_batch
 from rollout_checkpoint.participants.environments import BlackjackEnvironment, make_participant
 from rollout_checkpoint.participants.model._export import lineage_batch, receipt_batch
-from rollout_checkpoint.participants.resources import snapshot_batch
+from rollout_checkpoint.participants.resources import snapshot_batch, snapshot_payload
 from rollout_checkpoint.records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
@@ -39,7 +39,7 @@ from rollout_checkpoint.records import (
     TokenStoreReceipt,
     decode_record,
 )
-from rollout_checkpoint.registry import LiveExecutionRegistry, registry_batches
+from rollout_checkpoint.registry import LiveExecutionRegistry, _Entry, registry_batches
 from rollout_checkpoint.store import MemoryStore
 from rollout_checkpoint.tokens import ObjectStoreTokenStore, _canonical_json
 
@@ -136,7 +136,8 @@ def test_agent_boundaries_round_trip_with_and_without_an_awaited_call() -> None:
 def test_resource_snapshots_round_trip() -> None:
     sessions = [(ex("r1"), "s1", 0), (ex("r1", 3), "s2", 9)]
     states = [b'{"a":1}', bytes(range(256))]
-    batch = snapshot_batch("json", sessions, states)
+    payloads = [snapshot_payload(e, s, r, "json", d) for (e, s, r), d in zip(sessions, states, strict=True)]
+    batch = snapshot_batch("json", sessions, payloads)
     expected = [
         ResourceSnapshotRecord(
             rollout_id=e.rollout_id, attempt=e.attempt, session_id=s, revision=r, codec="json", state=d
@@ -207,11 +208,11 @@ def test_model_lineage_and_receipts_round_trip() -> None:
 
 def test_registry_dispatch_and_results_round_trip() -> None:
     result = CompletedResultRecord(rollout_id="r1", attempt=0, result={"x": [1, 2.5, "é"]}, reward=0.25)
-    rows: list[Any] = [
-        ("r1", 0, "handed_off", "digest-1", False, result),
-        ("r2", 3, "queued", None, True, None),
+    entries = [
+        _Entry("r1", 0, "handed_off", "digest-1", False, result),
+        _Entry("r2", 3, "queued", None, True, None),
     ]
-    dispatch, completed = registry_batches(rows)
+    dispatch, completed = registry_batches(entries)
     assert_batch_matches(
         dispatch,
         [
@@ -394,7 +395,9 @@ def test_generated_agent_boundaries_round_trip(parked: list[tuple[AgentBoundaryR
 def test_generated_resource_snapshots_round_trip(
     rows: list[tuple[str, int, str, int, bytes]], codec: str
 ) -> None:
-    batch = snapshot_batch(codec, [(ex(r, a), s, v) for r, a, s, v, _ in rows], [d for *_, d in rows])
+    sessions = [(ex(r, a), s, v) for r, a, s, v, _ in rows]
+    payloads = [snapshot_payload(ex(r, a), s, v, codec, d) for r, a, s, v, d in rows]
+    batch = snapshot_batch(codec, sessions, payloads)
     assert list(batch.records()) == [
         ResourceSnapshotRecord(rollout_id=r, attempt=a, session_id=s, revision=v, codec=codec, state=d)
         for r, a, s, v, d in rows
@@ -447,7 +450,7 @@ def test_generated_lineage_receipts_and_results_round_trip(
         for e, k, d, n in receipts
     ]
     done = CompletedResultRecord(rollout_id=calls[0][0], attempt=calls[0][1], result=result, reward=reward)
-    _, completed = registry_batches([(done.rollout_id, done.attempt, "handed_off", None, False, done)])
+    _, completed = registry_batches([_Entry(done.rollout_id, done.attempt, "handed_off", None, False, done)])
     assert list(completed.records()) == [done]
 
 
@@ -614,3 +617,34 @@ def test_snapshot_entries_parse_exactly_as_pydantic_does(raw: dict[str, Any]) ->
     except IntegrityError:
         got = IntegrityError
     assert got == expected
+
+
+def test_registry_payloads_follow_every_state_change() -> None:
+    registry = LiveExecutionRegistry()
+    states = {}
+    for name, steps in {"q": 0, "run": 1, "fin": 2, "hand": 3, "used": 4}.items():
+        e = registry.dispatch(name, input_digest=f"in-{name}", restart_only=steps == 1)
+        for step in [
+            registry.start,
+            registry.finish,
+            lambda x, name=name: registry.hand_off(x, [name]),
+            registry.consume,
+        ][:steps]:
+            step(e)
+        states[name] = registry.get(name)
+    store = MemoryStore(f"t-{time.time_ns()}")
+    _, ref = registry.write_component(store, "c1")
+    reader = ArchiveReader.open(store, ref.key.rsplit("/", 1)[0])
+    got = {r.rollout_id: r for r in reader.iter_records(kind="dispatch")}
+    for name, info in states.items():
+        assert got[name] == DispatchRecord(
+            rollout_id=name,
+            attempt=0,
+            state=info.state,
+            input_digest=info.input_digest,
+            restart_only=info.restart_only,
+        )
+    refs = {m.rollout_id: m.refs for m in reader.members(kind="dispatch")}
+    assert refs == {n: {"state": i.state, "restart_only": i.restart_only} for n, i in states.items()}
+    results = {r.rollout_id: r for r in reader.iter_records(kind="completed_result")}
+    assert list(results) == ["hand"] and results["hand"].result == ["hand"]

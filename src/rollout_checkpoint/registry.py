@@ -72,7 +72,20 @@ class RegistryEntry:
 
 
 class _Entry:
-    __slots__ = ("attempt", "input_digest", "restart_only", "result", "rollout_id", "state")
+    """One registry entry; its ``dispatch`` payload is kept encoded around the state (``head``
+    + state + ``tail``) and its result's payload encoded once, so a checkpoint only joins bytes."""
+
+    __slots__ = (
+        "attempt",
+        "head",
+        "input_digest",
+        "restart_only",
+        "result",
+        "result_payload",
+        "rollout_id",
+        "state",
+        "tail",
+    )
 
     def __init__(
         self,
@@ -89,6 +102,18 @@ class _Entry:
         self.input_digest = input_digest
         self.restart_only = restart_only
         self.result = result
+        self.result_payload = None if result is None else result_payload(result)
+        head, tail = encode_docs(
+            [
+                {"schema_version": RECORD_SCHEMA_VERSION, "rollout_id": rollout_id, "attempt": attempt},
+                {"input_digest": input_digest, "restart_only": restart_only},
+            ]
+        )
+        self.head = head[:-1] + b',"state":"'  # the state is one of DispatchState: no escaping
+        self.tail = b'",' + tail[1:]
+
+    def payload(self) -> bytes:
+        return self.head + self.state.encode() + self.tail
 
     def info(self) -> ExecutionInfo:
         return ExecutionInfo(
@@ -173,11 +198,13 @@ class LiveExecutionRegistry:
             reward=reward,
             acknowledged=True,
         )
+        payload = result_payload(record)  # encoded here, not inside a checkpoint's pause
         with self._lock:
             entry = self._current(execution)
             self._require(entry, "finished", "handed_off")
             entry.state = "handed_off"
             entry.result = record
+            entry.result_payload = payload
         return record
 
     def consume(self, execution: ExecutionId) -> CompletedResultRecord:
@@ -189,6 +216,7 @@ class LiveExecutionRegistry:
             result = entry.result
             entry.state = "consumed"
             entry.result = None
+            entry.result_payload = None
             return result
 
     def retire(self, execution: ExecutionId) -> None:
@@ -294,11 +322,12 @@ class LiveExecutionRegistry:
         """
         from .archive import ArchiveWriter
 
-        with self._lock:
-            rows = [
-                (e.rollout_id, e.attempt, e.state, e.input_digest, e.restart_only, e.result)
-                for _, e in sorted(self._entries.items())
-            ]
+        with self._lock:  # the entries go on changing: their columns are taken under the lock
+            entries = [e for _, e in sorted(self._entries.items())]
+            batches = registry_batches(entries)
+            counts: dict[str, int] = {}
+            for entry in entries:
+                counts[entry.state] = counts.get(entry.state, 0) + 1
             retired = dict(sorted(self._retired.items()))
         writer = ArchiveWriter(
             store,
@@ -309,7 +338,7 @@ class LiveExecutionRegistry:
             **writer_options,
         )
         try:
-            for batch in registry_batches(rows):
+            for batch in batches:
                 writer.write_columns(
                     batch.kind,
                     batch.rollout_ids,
@@ -319,9 +348,6 @@ class LiveExecutionRegistry:
                     revisions=batch.revisions,
                     refs=batch.refs,
                 )
-            counts: dict[str, int] = {}
-            for row in rows:
-                counts[row[2]] = counts.get(row[2], 0) + 1
             extra: dict[str, JsonValue] = {
                 "retired": dict(retired.items()),
                 "counts": dict(counts.items()),
@@ -405,47 +431,47 @@ class LiveExecutionRegistry:
         self._retired[entry.rollout_id] = max(mark, entry.attempt)
 
 
-_Row = tuple[str, int, DispatchState, str | None, bool, CompletedResultRecord | None]
+_STATE_REFS: dict[tuple[str, bool], dict[str, JsonValue]] = {}
 
 
-def registry_batches(rows: Sequence[_Row]) -> list[RecordBatch]:
-    """The ``dispatch`` batch of every entry and the ``completed_result`` batch of the kept results."""
-    dispatch_docs = [
-        {
-            "schema_version": RECORD_SCHEMA_VERSION,
-            "rollout_id": rollout_id,
-            "attempt": attempt,
-            "state": state,
-            "input_digest": digest,
-            "restart_only": restart_only,
-        }
-        for rollout_id, attempt, state, digest, restart_only, _ in rows
-    ]
+def _state_refs(state: str, restart_only: bool) -> dict[str, JsonValue]:
+    """``DispatchRecord.index_refs()``: one shared dict per (state, restart_only), never changed."""
+    refs = _STATE_REFS.get((state, restart_only))
+    if refs is None:
+        refs = _STATE_REFS.setdefault((state, restart_only), {"state": state, "restart_only": restart_only})
+    return refs
+
+
+def result_payload(result: CompletedResultRecord) -> bytes:
+    """A ``completed_result`` payload: orjson of the model's JSON shape."""
+    doc = {
+        "schema_version": result.schema_version,
+        "rollout_id": result.rollout_id,
+        "attempt": result.attempt,
+        "result": result.result,
+        "reward": result.reward,
+        "acknowledged": result.acknowledged,
+    }
+    return encode_docs([doc])[0]
+
+
+def registry_batches(entries: Sequence[_Entry]) -> list[RecordBatch]:
+    """The ``dispatch`` batch of every entry and the ``completed_result`` batch of the kept
+    results, from the payloads the entries keep encoded (entries were validated when made)."""
     dispatch = RecordBatch(
         kind=DispatchRecord.kind,
-        rollout_ids=tuple(r[0] for r in rows),
-        attempts=tuple(r[1] for r in rows),
-        keys=("dispatch",) * len(rows),
-        payloads=tuple(encode_docs(dispatch_docs)),
-        refs=tuple({"state": r[2], "restart_only": r[4]} for r in rows),
+        rollout_ids=tuple(e.rollout_id for e in entries),
+        attempts=tuple(e.attempt for e in entries),
+        keys=("dispatch",) * len(entries),
+        payloads=tuple(e.payload() for e in entries),
+        refs=tuple(_state_refs(e.state, e.restart_only) for e in entries),
     )
-    results = [r[5] for r in rows if r[5] is not None]
-    result_docs = [
-        {
-            "schema_version": r.schema_version,
-            "rollout_id": r.rollout_id,
-            "attempt": r.attempt,
-            "result": r.result,
-            "reward": r.reward,
-            "acknowledged": r.acknowledged,
-        }
-        for r in results
-    ]
+    results = [e for e in entries if e.result_payload is not None]
     completed = RecordBatch(
         kind=CompletedResultRecord.kind,
-        rollout_ids=tuple(r.rollout_id for r in results),
-        attempts=tuple(r.attempt for r in results),
+        rollout_ids=tuple(e.rollout_id for e in results),
+        attempts=tuple(e.attempt for e in results),
         keys=("result",) * len(results),
-        payloads=tuple(encode_docs(result_docs)),
+        payloads=tuple(e.result_payload for e in results if e.result_payload is not None),
     )
     return [dispatch, completed]

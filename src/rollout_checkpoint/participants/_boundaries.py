@@ -10,7 +10,7 @@ identifier: it needs no JSON escaping).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +20,6 @@ from .._columnar import RecordBatch, b64, check_ids, encode_docs
 from ..records import AgentBoundaryRecord, decode_record
 
 __all__ = ["SavedBoundary", "boundary_batch"]
-
-_Revisions = tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
 
 
 def _doc(record: AgentBoundaryRecord, pending: str | None) -> dict[str, Any]:
@@ -45,15 +43,15 @@ def _doc(record: AgentBoundaryRecord, pending: str | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SavedBoundary:
-    """One reported (validated) boundary: its encoded payload and what the member index needs."""
+    """One reported (validated) boundary: its encoded payload and its member-index refs, both
+    built when it was reported and never changed (an export may share them)."""
 
     rollout_id: str
     attempt: int
     boundary_index: int
     payload: bytes
     pending: str | None
-    model_call: str | None
-    revisions: _Revisions
+    refs: Mapping[str, Any]
 
     @classmethod
     def of(cls, record: AgentBoundaryRecord) -> SavedBoundary:
@@ -64,11 +62,7 @@ class SavedBoundary:
             boundary_index=record.boundary_index,
             payload=encode_docs([_doc(record, pending)])[0],
             pending=pending,
-            model_call=record.last_model_call_id,
-            revisions=tuple(
-                (instance, tuple(sessions.items()))
-                for instance, sessions in record.resource_revisions.items()
-            ),
+            refs=record.index_refs() or {},  # fresh dicts, held by this object only
         )
 
     def record(self) -> AgentBoundaryRecord:
@@ -85,13 +79,17 @@ class SavedBoundary:
             return b'{"pending_model_call_id":' + orjson.dumps(call_id) + b"," + self.payload[1:]
         return encode_docs([_doc(self.record(), call_id)])[0]
 
+    def refs_awaiting(self, call_id: str | None) -> Mapping[str, Any]:
+        """``index_refs()`` of the record :meth:`payload_awaiting` encodes."""
+        if call_id is None or call_id == self.pending:
+            return self.refs
+        return {**self.refs, "pending_model_call": call_id}
+
 
 def boundary_batch(parked: Sequence[tuple[SavedBoundary, str | None]]) -> RecordBatch:
-    """The ``agent_boundary`` members of ``(boundary, awaited model call)`` pairs: payloads
-    gathered (spliced where a run awaits a call), refs and revisions as ``index_refs()`` and
-    ``index_revision()`` give them, built fresh for the batch."""
+    """The ``agent_boundary`` members of ``(boundary, awaited model call)`` pairs: payloads and
+    refs gathered (a run awaiting a call gets it spliced in), revisions as ``index_revision()``."""
     check_ids((a for _, a in parked if a is not None), "pending_model_call_id")
-    pending = [a if a is not None else b.pending for b, a in parked]
     return RecordBatch(
         kind=AgentBoundaryRecord.kind,
         rollout_ids=tuple(b.rollout_id for b, _ in parked),
@@ -99,12 +97,5 @@ def boundary_batch(parked: Sequence[tuple[SavedBoundary, str | None]]) -> Record
         keys=tuple(f"{b.boundary_index:08d}" for b, _ in parked),
         payloads=tuple(b.payload_awaiting(a) for b, a in parked),
         revisions=tuple(b.boundary_index for b, _ in parked),
-        refs=tuple(
-            {
-                "model_call": b.model_call,
-                "pending_model_call": p,
-                "resources": {instance: dict(sessions) for instance, sessions in b.revisions},
-            }
-            for (b, _), p in zip(parked, pending, strict=True)
-        ),
+        refs=tuple(b.refs_awaiting(a) for b, a in parked),
     )

@@ -266,16 +266,13 @@ class AgentParticipant(Participant):
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
         in_scope = scope_test(scope)
-        parked = sorted(
-            (
-                (execution, run.saved, run.awaiting)
-                for execution, run in self._runs.items()
-                if not run.restart_only and run.saved is not None and in_scope(execution)
-            ),
-            key=lambda item: (item[0].rollout_id, item[0].attempt),
+        runs = self._runs
+        executions = sorted(
+            (e for e, run in runs.items() if not run.restart_only and run.saved is not None and in_scope(e)),
+            key=execution_key,
         )
-        executions = [execution for execution, _, _ in parked]
-        batch = boundary_batch([(boundary, awaiting) for _, boundary, awaiting in parked])
+        parked = [(runs[e].saved, runs[e].awaiting) for e in executions]
+        batch = boundary_batch(cast(list[tuple[SavedBoundary, str | None]], parked))
         return Export(records=RecordBatches([batch]), executions=executions, restarts=self._restarts(scope))
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:

@@ -51,7 +51,7 @@ DEFAULT_ADMISSION_WAIT_SECONDS = 300.0
 class _Session:
     state: Any
     revision: int
-    encoded: bytes | Exception | None  # the codec's bytes of ``state`` (exported mode), or its error
+    encoded: bytes | Exception | None  # the member payload of ``state`` (exported mode), or an error
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
 
@@ -111,7 +111,7 @@ class ResourcesParticipant(Participant):
     ) -> int:
         """Seed a session at revision 0 (new work: waits up to ``wait`` s while a checkpoint runs)."""
         validate_id(session_id, "session_id")
-        encoded = self._encode(state)
+        encoded = self._encode(execution, session_id, 0, state)
         with self._cond:
             self._admit(execution, wait=self._wait(wait))
             if (execution, session_id) in self._sessions:
@@ -145,9 +145,9 @@ class ResourcesParticipant(Participant):
             with session.lock:
                 with self._cond:
                     self._still_current(execution, session_id, session)
-                    state = session.state
+                    state, revision = session.state, session.revision  # fixed while we hold the lock
                 new_state = fn(state)
-                encoded = self._encode(new_state)
+                encoded = self._encode(execution, session_id, revision + 1, new_state)
                 with self._cond:
                     self._still_current(execution, session_id, session)
                     session.state = new_state
@@ -181,19 +181,22 @@ class ResourcesParticipant(Participant):
                     self._unregister(execution)
             self._changed()
 
-    def _encode(self, state: Any) -> bytes | Exception | None:
-        """The codec's bytes of ``state`` (``None`` unless exported); an error is kept, not raised."""
+    def _encode(
+        self, execution: ExecutionId, session_id: str, revision: int, state: Any
+    ) -> bytes | Exception | None:
+        """The ``resource_snapshot`` payload of ``state`` at ``revision`` (``None`` unless
+        exported); a codec error is kept, not raised (the commit raises it)."""
         if self.mode != "exported":
             return None
         try:
             data: Any = self.codec.encode(state)
         except (TypeError, ValueError) as exc:
             return exc
-        if type(data) is bytes:
-            return data
         if isinstance(data, bytearray | memoryview):
-            return bytes(data)
-        return TypeError(f"the codec returned {type(data).__name__}, not bytes")
+            data = bytes(data)
+        if type(data) is not bytes:
+            return TypeError(f"the codec returned {type(data).__name__}, not bytes")
+        return snapshot_payload(execution, session_id, revision, self.codec.name, data)
 
     def _wait(self, wait: float | None) -> float:
         return self.admission_wait if wait is None else wait
@@ -256,14 +259,14 @@ class ResourcesParticipant(Participant):
             ),
             key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
         )
-        states: list[bytes] = []
+        payloads: list[bytes] = []
         for execution, session_id, encoded, _ in sessions:
             if not isinstance(encoded, bytes):
                 raise InvalidRecordError(
                     f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {encoded}"
                 ) from (encoded if isinstance(encoded, Exception) else None)
-            states.append(encoded)
-        batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], states)
+            payloads.append(encoded)
+        batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], payloads)
         executions = sorted({e for e, _, _, _ in sessions}, key=execution_key)
         return Export(records=RecordBatches([batch]), executions=executions)
 
@@ -321,7 +324,8 @@ class ResourcesParticipant(Participant):
             restored: set[ExecutionId] = set()
             for (execution, session_id), (state, revision) in decoded.items():
                 nxt = execution.next_attempt()
-                session = _Session(state=state, revision=revision, encoded=self._encode(state))
+                encoded = self._encode(nxt, session_id, revision, state)
+                session = _Session(state=state, revision=revision, encoded=encoded)
                 self._add_session(nxt, session_id, session)
                 restored.add(nxt)
             return list(restored)
@@ -366,31 +370,36 @@ def _referenced_revisions(
     return out
 
 
+def snapshot_payload(
+    execution: ExecutionId, session_id: str, revision: int, codec: str, state: bytes
+) -> bytes:
+    """One ``resource_snapshot`` payload: orjson of the model's JSON shape (state as base64)."""
+    doc = {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "rollout_id": execution.rollout_id,
+        "attempt": execution.attempt,
+        "session_id": session_id,
+        "revision": revision,
+        "codec": codec,
+        "state": b64(state),
+    }
+    return encode_docs([doc])[0]
+
+
 def snapshot_batch(
-    codec: str, sessions: Sequence[tuple[ExecutionId, str, int]], states: Sequence[bytes]
+    codec: str, sessions: Sequence[tuple[ExecutionId, str, int]], payloads: Sequence[bytes]
 ) -> RecordBatch:
     """The ``resource_snapshot`` members of ``(execution, session_id, revision)`` with their
-    encoded states, in bulk: what ``ResourceSnapshotRecord`` validates is checked per column."""
+    payloads (:func:`snapshot_payload`, built when the state was set): what
+    ``ResourceSnapshotRecord`` validates is checked per column."""
     check_lengths([codec], "codec", 1, 128)
     check_ids((s for _, s, _ in sessions), "session_id")
     check_non_negative((r for _, _, r in sessions), "revision")
-    docs = [
-        {
-            "schema_version": RECORD_SCHEMA_VERSION,
-            "rollout_id": e.rollout_id,
-            "attempt": e.attempt,
-            "session_id": session_id,
-            "revision": revision,
-            "codec": codec,
-            "state": b64(state),
-        }
-        for (e, session_id, revision), state in zip(sessions, states, strict=True)
-    ]
     return RecordBatch(
         kind=ResourceSnapshotRecord.kind,
         rollout_ids=tuple(e.rollout_id for e, _, _ in sessions),
         attempts=tuple(e.attempt for e, _, _ in sessions),
         keys=tuple(s for _, s, _ in sessions),
-        payloads=tuple(encode_docs(docs)),
+        payloads=tuple(payloads),
         revisions=tuple(r for _, _, r in sessions),
     )

@@ -8,15 +8,27 @@ still fails the commit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ..._columnar import RecordBatch, check_ids, check_lengths, check_non_negative, encode_docs
 from ...errors import InvalidRecordError
 from ...ids import ExecutionId
 from ...records import RECORD_SCHEMA_VERSION, GenerationCut, ModelCallLineageRecord, TokenStoreReceipt
+from ._calls import Ticket
+from ._chain import Chain
+from ._cuts import CutAcknowledgement
 
-__all__ = ["lineage_batch", "lineage_doc", "lineage_payload", "receipt_batch"]
+__all__ = [
+    "NO_PENDING",
+    "ReceiptColumns",
+    "lineage_batch",
+    "lineage_doc",
+    "lineage_payload",
+    "pending_calls",
+    "receipt_batch",
+]
 
 
 def _cut(cut: GenerationCut | None) -> dict[str, Any] | None:
@@ -105,3 +117,52 @@ def receipt_batch(
             for _, _, digest, length in receipts
         ),
     )
+
+
+class ReceiptColumns:
+    """The token receipts of an export gathered as columns (no object per receipt)."""
+
+    def __init__(self) -> None:
+        self.executions: list[ExecutionId] = []
+        self.keys: list[str] = []
+        self.digests: list[str] = []
+        self.lengths: list[int] = []
+
+    def add(self, execution: ExecutionId, key: str, digest: str, length: int) -> None:
+        self.executions.append(execution)
+        self.keys.append(key)
+        self.digests.append(digest)
+        self.lengths.append(length)
+
+    def batch(self, store: str, snapshot_id: str) -> RecordBatch:
+        return receipt_batch(
+            store, snapshot_id, list(zip(self.executions, self.keys, self.digests, self.lengths, strict=True))
+        )
+
+
+Pending = Mapping[str, tuple[str, GenerationCut, GenerationCut | None]]
+NO_PENDING: Pending = MappingProxyType({})
+
+
+def pending_calls(
+    execution: ExecutionId,
+    chain: Chain,
+    tickets: Mapping[tuple[ExecutionId, str], Ticket],
+    durable: Mapping[tuple[ExecutionId, str], CutAcknowledgement],
+) -> Pending:
+    """The undelivered calls an export writes as cuts: restored cuts not re-issued, and the
+    calls this checkpoint froze and made durable (call id -> version, cut, continued from)."""
+    pending: dict[str, tuple[str, GenerationCut, GenerationCut | None]] = {
+        c: (p.policy_version, p.cut, None) for c, p in chain.pending.items()
+    }
+    for call_id in chain.inflight:
+        ticket = tickets.get((execution, call_id))
+        if ticket is None:
+            continue
+        done = durable.get(ticket.key)
+        old = ticket.pending.cut if ticket.pending is not None else None
+        if done is not None:
+            pending[call_id] = (ticket.policy_version, done.generation_cut(), old)
+        elif ticket.pending is not None:  # not cut again: its restored cut still stands
+            pending[call_id] = (ticket.policy_version, ticket.pending.cut, None)
+    return pending

@@ -43,7 +43,7 @@ from ._calls import (
 )
 from ._chain import Chain, chains_from_records
 from ._cutting import CutRounds
-from ._export import lineage_batch, lineage_payload, receipt_batch
+from ._export import NO_PENDING, ReceiptColumns, lineage_batch, lineage_payload, pending_calls
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
@@ -444,24 +444,15 @@ class PolicyModelParticipant(CutRounds):
         in_scope = scope_test(scope)
         lineage: list[ModelCallLineageRecord] = []
         encoded: list[bytes | None] = []
-        receipts: list[tuple[ExecutionId, str, str, int]] = []
+        receipts = ReceiptColumns()
         executions: list[ExecutionId] = []
-        for execution, chain in sorted(self._chains.items(), key=lambda item: execution_key(item[0])):
+        for execution in sorted(self._chains, key=execution_key):
             if not in_scope(execution):
                 continue
-            pending: dict[str, tuple[str, GenerationCut, GenerationCut | None]] = {
-                c: (p.policy_version, p.cut, None) for c, p in chain.pending.items()
-            }
-            for call_id in chain.inflight:
-                ticket = self._tickets.get((execution, call_id))
-                if ticket is None:
-                    continue
-                done = durable.get(ticket.key)
-                old = ticket.pending.cut if ticket.pending is not None else None
-                if done is not None:
-                    pending[call_id] = (ticket.policy_version, done.generation_cut(), old)
-                elif ticket.pending is not None:  # not cut again: its restored cut still stands
-                    pending[call_id] = (ticket.policy_version, ticket.pending.cut, None)
+            chain = self._chains[execution]
+            pending = NO_PENDING
+            if chain.pending or chain.inflight:
+                pending = pending_calls(execution, chain, self._tickets, durable)
             if not chain.calls and not pending:
                 continue
             executions.append(execution)
@@ -469,7 +460,7 @@ class PolicyModelParticipant(CutRounds):
                 put = chain.receipts[call.call_id]
                 lineage.append(call)
                 encoded.append(chain.encoded.get(call.call_id))
-                receipts.append((execution, put.key, put.digest, put.length))
+                receipts.add(execution, put.key, put.digest, put.length)
             for call_id, (version, cut, continued) in sorted(pending.items()):
                 lineage.append(
                     ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
@@ -484,11 +475,8 @@ class PolicyModelParticipant(CutRounds):
                     )
                 )
                 encoded.append(None)
-                receipts.append((execution, cut.receipt_key, cut.receipt_digest, cut.receipt_length))
-        batches = [
-            lineage_batch(lineage, encoded),
-            receipt_batch(self.token_sink.name, snapshot_id, receipts),
-        ]
+                receipts.add(execution, cut.receipt_key, cut.receipt_digest, cut.receipt_length)
+        batches = [lineage_batch(lineage, encoded), receipts.batch(self.token_sink.name, snapshot_id)]
         return Export(records=RecordBatches(batches), executions=executions)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
