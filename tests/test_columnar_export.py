@@ -576,49 +576,6 @@ def test_an_export_of_record_models_is_copied() -> None:
     assert len(export.records) == 1 and isinstance(export.records, tuple)
 
 
-# -- token snapshot entries: checked column by column, as pydantic would ----------------------------
-
-entry_values = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-2, 3),
-    st.sampled_from(["", "12", H64, H64.upper(), "a" * 63, H64 + "\n" + H64, "shard-1"]),
-)
-entries = st.dictionaries(
-    st.text(min_size=1, max_size=8),
-    st.dictionaries(st.sampled_from(["digest", "length", "shard", "row", "other"]), entry_values, max_size=5)
-    | st.fixed_dictionaries(
-        {"digest": st.sampled_from([H64, "b" * 64])},
-        optional={
-            "length": st.integers(0, 9),
-            "shard": st.none() | st.just("s"),
-            "row": st.none() | st.integers(0, 9),
-        },
-    ),
-    max_size=4,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(entries)
-def test_snapshot_entries_parse_exactly_as_pydantic_does(raw: dict[str, Any]) -> None:
-    from pydantic import ValidationError
-
-    from rollout_checkpoint.errors import IntegrityError
-    from rollout_checkpoint.tokens import _SNAPSHOT_ENTRIES, TOKEN_SNAPSHOT_FORMAT, _parse_snapshot
-
-    body = {"format": TOKEN_SNAPSHOT_FORMAT, "checkpoint_id": "c1", "entries": raw}
-    try:
-        expected: Any = _SNAPSHOT_ENTRIES.validate_python(raw)
-    except ValidationError:
-        expected = IntegrityError
-    try:
-        got: Any = _parse_snapshot(json.dumps(body).encode(), "k", "c1")
-    except IntegrityError:
-        got = IntegrityError
-    assert got == expected
-
-
 def test_registry_payloads_follow_every_state_change() -> None:
     registry = LiveExecutionRegistry()
     states = {}

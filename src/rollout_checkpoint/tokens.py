@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import math
-import re
 import threading
 import uuid
 from collections.abc import Sequence
@@ -447,39 +446,9 @@ def _canonical_json(value: Any) -> bytes:
 _SNAPSHOT_ENTRIES: TypeAdapter[dict[str, TokenSnapshotEntry]] = TypeAdapter(dict[str, TokenSnapshotEntry])
 
 
-_ENTRY_FIELDS = frozenset({"digest", "length", "shard", "row"})
-_REQUIRED = frozenset({"digest", "length"})
-_HEX64_LINES = re.compile(r"(?:[0-9a-f]{64}\n)*")
-
-
-def _plain_entries(raw: dict[str, Any]) -> dict[str, TokenSnapshotEntry] | None:
-    """The entries checked column by column (what ``TokenSnapshotEntry`` validates, for entries
-    of exactly the types a snapshot is written with), or ``None``: pydantic then decides."""
-    values = list(raw.values())
-    if not all(type(v) is dict and _REQUIRED <= v.keys() <= _ENTRY_FIELDS for v in values):
-        return None
-    digests = [v["digest"] for v in values]
-    if not all(type(d) is str and len(d) == 64 for d in digests):
-        return None
-    if not _HEX64_LINES.fullmatch("".join(d + "\n" for d in digests)):
-        return None
-    if not all(type(v["length"]) is int and v["length"] >= 0 for v in values):
-        return None
-    shards = [v.get("shard") for v in values]
-    rows = [v.get("row") for v in values]
-    if not all(s is None or type(s) is str for s in shards):
-        return None
-    if not all(r is None or (type(r) is int and r >= 0) for r in rows):
-        return None
-    make = TokenSnapshotEntry.model_construct
-    return {
-        str(k): make(digest=d, length=v["length"], shard=s, row=r)
-        for (k, v), d, s, r in zip(raw.items(), digests, shards, rows, strict=True)
-    }
-
-
 def _parse_snapshot(data: bytes, key: str, checkpoint_id: str) -> dict[str, TokenSnapshotEntry]:
-    """The entries of a stored snapshot, every one validated (column by column, else pydantic)."""
+    """The entries of a stored snapshot, every one validated (in one pydantic call: faster than
+    checking columns in Python and building the models with ``model_construct``)."""
     try:
         body = orjson.loads(data)  # its JSONDecodeError is a ValueError
         if not isinstance(body, dict) or body.get("format") != TOKEN_SNAPSHOT_FORMAT:
@@ -491,8 +460,7 @@ def _parse_snapshot(data: bytes, key: str, checkpoint_id: str) -> dict[str, Toke
         raw = body.get("entries")
         if not isinstance(raw, dict):
             raise ValueError("'entries' must be an object")
-        checked = _plain_entries(raw)
-        return checked if checked is not None else _SNAPSHOT_ENTRIES.validate_python(raw)
+        return _SNAPSHOT_ENTRIES.validate_python(raw)
     except (ValueError, ValidationError) as exc:
         raise IntegrityError(f"{key}: invalid token snapshot: {exc}", key=key, problem="invalid") from None
 
