@@ -77,6 +77,7 @@ class _Entry:
 
     __slots__ = (
         "attempt",
+        "execution",
         "head",
         "input_digest",
         "restart_only",
@@ -98,6 +99,8 @@ class _Entry:
     ) -> None:
         self.rollout_id = rollout_id
         self.attempt = attempt
+        # entries are made from validated values: the id a checkpoint freezes is built once, here
+        self.execution = ExecutionId.model_construct(rollout_id=rollout_id, attempt=attempt)
         self.state: DispatchState = state
         self.input_digest = input_digest
         self.restart_only = restart_only
@@ -248,13 +251,7 @@ class LiveExecutionRegistry:
                     checkpoint_id=self._frozen_by,
                 )
             self._frozen_by = checkpoint_id
-            # entries were validated when dispatched: no second validation per live execution
-            make = ExecutionId.model_construct
-            live = [
-                make(rollout_id=e.rollout_id, attempt=e.attempt)
-                for e in self._entries.values()
-                if e.state in _LIVE
-            ]
+            live = [e.execution for e in self._entries.values() if e.state in _LIVE]
         try:
             yield live
         finally:

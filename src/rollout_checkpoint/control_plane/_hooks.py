@@ -61,11 +61,14 @@ class Export:
 
 
 def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], bool]:
-    """``execution in scope`` (everything when ``scope`` is None) by ``(rollout_id, attempt)``
-    tuples: an export tests every live execution, and tuples hash and compare much faster than
-    the pydantic models."""
+    """``execution in scope`` (everything when ``scope`` is None), by rollout id and attempt: an
+    export tests every live execution, and plain strings and ints hash and compare much faster
+    than the pydantic models (and allocate nothing the garbage collector tracks)."""
     if scope is None:
         return lambda execution: True
+    attempts = {e.rollout_id: e.attempt for e in scope}
+    if len(attempts) == len(scope):  # one attempt per rollout, as a coordinator's scope has
+        return lambda execution: attempts.get(execution.rollout_id) == execution.attempt
     keys = {(e.rollout_id, e.attempt) for e in scope}
     return lambda execution: (execution.rollout_id, execution.attempt) in keys
 

@@ -88,35 +88,10 @@ def receipt_batch(
     store: str, snapshot_id: str, receipts: Sequence[tuple[ExecutionId, str, str, int]]
 ) -> RecordBatch:
     """``token_receipt`` members of ``(execution, key, digest, length)`` from the token sink."""
-    check_lengths([store], "token store name", 1, 256)
-    check_ids([snapshot_id], "snapshot_id")
-    check_lengths((k for _, k, _, _ in receipts), "token key", 1, 512)
-    check_lengths((d for _, _, d, _ in receipts), "token digest", 1, None)
-    check_non_negative((n for _, _, _, n in receipts), "token length")
-    docs = [
-        {
-            "schema_version": RECORD_SCHEMA_VERSION,
-            "rollout_id": e.rollout_id,
-            "attempt": e.attempt,
-            "store": store,
-            "snapshot_id": snapshot_id,
-            "key": key,
-            "digest": digest,
-            "length": length,
-        }
-        for e, key, digest, length in receipts
-    ]
-    return RecordBatch(
-        kind=TokenStoreReceipt.kind,
-        rollout_ids=tuple(e.rollout_id for e, _, _, _ in receipts),
-        attempts=tuple(e.attempt for e, _, _, _ in receipts),
-        keys=tuple(k for _, k, _, _ in receipts),
-        payloads=tuple(encode_docs(docs)),
-        refs=tuple(
-            {"store": store, "snapshot_id": snapshot_id, "digest": digest, "length": length}
-            for _, _, digest, length in receipts
-        ),
-    )
+    columns = ReceiptColumns()
+    for execution, key, digest, length in receipts:
+        columns.add(execution, key, digest, length)
+    return columns.batch(store, snapshot_id)
 
 
 class ReceiptColumns:
@@ -135,8 +110,37 @@ class ReceiptColumns:
         self.lengths.append(length)
 
     def batch(self, store: str, snapshot_id: str) -> RecordBatch:
-        return receipt_batch(
-            store, snapshot_id, list(zip(self.executions, self.keys, self.digests, self.lengths, strict=True))
+        """The ``token_receipt`` members, checked per column as :func:`receipt_batch` does."""
+        check_lengths([store], "token store name", 1, 256)
+        check_ids([snapshot_id], "snapshot_id")
+        check_lengths(self.keys, "token key", 1, 512)
+        check_lengths(self.digests, "token digest", 1, None)
+        check_non_negative(self.lengths, "token length")
+        docs = [
+            {
+                "schema_version": RECORD_SCHEMA_VERSION,
+                "rollout_id": e.rollout_id,
+                "attempt": e.attempt,
+                "store": store,
+                "snapshot_id": snapshot_id,
+                "key": key,
+                "digest": digest,
+                "length": length,
+            }
+            for e, key, digest, length in zip(
+                self.executions, self.keys, self.digests, self.lengths, strict=True
+            )
+        ]
+        return RecordBatch(
+            kind=TokenStoreReceipt.kind,
+            rollout_ids=tuple(e.rollout_id for e in self.executions),
+            attempts=tuple(e.attempt for e in self.executions),
+            keys=tuple(self.keys),
+            payloads=tuple(encode_docs(docs)),
+            refs=tuple(
+                {"store": store, "snapshot_id": snapshot_id, "digest": digest, "length": length}
+                for digest, length in zip(self.digests, self.lengths, strict=True)
+            ),
         )
 
 
