@@ -39,7 +39,7 @@ from rollout_checkpoint.records import (
     TokenStoreReceipt,
     decode_record,
 )
-from rollout_checkpoint.registry import LiveExecutionRegistry, _Entry, registry_batches
+from rollout_checkpoint.registry import LiveExecutionRegistry, RegistryEntry, _Entry, registry_batches
 from rollout_checkpoint.store import MemoryStore
 from rollout_checkpoint.tokens import ObjectStoreTokenStore, _canonical_json
 
@@ -605,3 +605,35 @@ def test_registry_payloads_follow_every_state_change() -> None:
     assert refs == {n: {"state": i.state, "restart_only": i.restart_only} for n, i in states.items()}
     results = {r.rollout_id: r for r in reader.iter_records(kind="completed_result")}
     assert list(results) == ["hand"] and results["hand"].result == ["hand"]
+
+
+def test_registry_snapshot_and_restored_entries_write_the_same_component() -> None:
+    registry = LiveExecutionRegistry()
+    for name in ("a", "b", "c"):
+        e = registry.dispatch(name, input_digest=f"in-{name}")
+        registry.start(e)
+    registry.finish(ExecutionId(rollout_id="a", attempt=0))
+    registry.hand_off(ExecutionId(rollout_id="a", attempt=0), {"x": 1}, reward=0.5)
+    registry.retire(ExecutionId(rollout_id="c", attempt=0))
+    copy = registry.snapshot()
+    restored = LiveExecutionRegistry()  # entries installed lazily (encode=False), as a restore does
+    restored.install(
+        [
+            RegistryEntry(i.rollout_id, i.attempt, i.state, i.input_digest, i.restart_only, i.result)
+            for i in registry.executions()
+        ],
+        registry.retired(),
+    )
+    registry.finish(ExecutionId(rollout_id="b", attempt=0))  # the live registry moves on
+    store = MemoryStore(f"t-{time.time_ns()}")
+    prefixes = []
+    for n, which in enumerate((copy, restored)):
+        _, ref = which.write_component(store, f"c{n}")
+        prefixes.append(ref.key.rsplit("/", 1)[0])
+    readers = [ArchiveReader.open(store, prefix) for prefix in prefixes]
+    assert list(readers[0].iter_records()) == list(readers[1].iter_records())
+    assert readers[0].manifest.extra == readers[1].manifest.extra
+    got = {r.rollout_id: r for r in readers[0].iter_records(kind="dispatch")}
+    assert got["b"].state == "running" and set(got) == {"a", "b"}
+    with copy.frozen("c9") as live:
+        assert live == [ExecutionId(rollout_id="b", attempt=0)]

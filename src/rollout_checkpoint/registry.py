@@ -72,20 +72,22 @@ class RegistryEntry:
 
 
 class _Entry:
-    """One registry entry; its ``dispatch`` payload is kept encoded around the state (``head``
-    + state + ``tail``) and its result's payload encoded once, so a checkpoint only joins bytes."""
+    """One registry entry. Its ``dispatch`` payload is kept encoded around the state (``head``
+    + state + ``tail``) and its result's payload encoded once, so a checkpoint only joins bytes:
+    a dispatched entry encodes when it is made, an installed one (restore, a copy) on first use.
+    """
 
     __slots__ = (
+        "_execution",
+        "_head",
+        "_result_payload",
+        "_tail",
         "attempt",
-        "execution",
-        "head",
         "input_digest",
         "restart_only",
         "result",
-        "result_payload",
         "rollout_id",
         "state",
-        "tail",
     )
 
     def __init__(
@@ -96,27 +98,65 @@ class _Entry:
         input_digest: str | None,
         restart_only: bool,
         result: CompletedResultRecord | None = None,
+        *,
+        encode: bool = True,
     ) -> None:
         self.rollout_id = rollout_id
         self.attempt = attempt
-        # entries are made from validated values: the id a checkpoint freezes is built once, here
-        self.execution = ExecutionId.model_construct(rollout_id=rollout_id, attempt=attempt)
         self.state: DispatchState = state
         self.input_digest = input_digest
         self.restart_only = restart_only
         self.result = result
-        self.result_payload = None if result is None else result_payload(result)
-        head, tail = encode_docs(
-            [
-                {"schema_version": RECORD_SCHEMA_VERSION, "rollout_id": rollout_id, "attempt": attempt},
-                {"input_digest": input_digest, "restart_only": restart_only},
-            ]
-        )
-        self.head = head[:-1] + b',"state":"'  # the state is one of DispatchState: no escaping
-        self.tail = b'",' + tail[1:]
+        self._execution: ExecutionId | None = None
+        self._head: bytes | None = None
+        self._tail: bytes | None = None
+        self._result_payload: bytes | None = None
+        if encode:
+            self.execution()
+            self.payload()
+            self.result_payload()
+
+    def execution(self) -> ExecutionId:
+        """The id a checkpoint freezes, built once (from validated values: no second validation)."""
+        if self._execution is None:
+            self._execution = ExecutionId.model_construct(rollout_id=self.rollout_id, attempt=self.attempt)
+        return self._execution
 
     def payload(self) -> bytes:
-        return self.head + self.state.encode() + self.tail
+        """The ``dispatch`` payload in the current state."""
+        if self._head is None or self._tail is None:
+            head, tail = encode_docs(
+                [
+                    {
+                        "schema_version": RECORD_SCHEMA_VERSION,
+                        "rollout_id": self.rollout_id,
+                        "attempt": self.attempt,
+                    },
+                    {"input_digest": self.input_digest, "restart_only": self.restart_only},
+                ]
+            )
+            self._head = head[:-1] + b',"state":"'  # the state is one of DispatchState: no escaping
+            self._tail = b'",' + tail[1:]
+        return self._head + self.state.encode() + self._tail
+
+    def result_payload(self) -> bytes | None:
+        """The kept result's ``completed_result`` payload, if a result is kept."""
+        if self.result is None:
+            return None
+        if self._result_payload is None:
+            self._result_payload = result_payload(self.result)
+        return self._result_payload
+
+    def set_result(self, result: CompletedResultRecord | None, payload: bytes | None) -> None:
+        self.result = result
+        self._result_payload = payload
+
+    def clone(self) -> _Entry:
+        """A copy sharing the encoded parts (bytes and the frozen id: immutable)."""
+        twin = _Entry.__new__(_Entry)
+        for name in _Entry.__slots__:
+            setattr(twin, name, getattr(self, name))
+        return twin
 
     def info(self) -> ExecutionInfo:
         return ExecutionInfo(
@@ -206,8 +246,7 @@ class LiveExecutionRegistry:
             entry = self._current(execution)
             self._require(entry, "finished", "handed_off")
             entry.state = "handed_off"
-            entry.result = record
-            entry.result_payload = payload
+            entry.set_result(record, payload)
         return record
 
     def consume(self, execution: ExecutionId) -> CompletedResultRecord:
@@ -218,8 +257,7 @@ class LiveExecutionRegistry:
             assert entry.result is not None
             result = entry.result
             entry.state = "consumed"
-            entry.result = None
-            entry.result_payload = None
+            entry.set_result(None, None)
             return result
 
     def retire(self, execution: ExecutionId) -> None:
@@ -251,7 +289,7 @@ class LiveExecutionRegistry:
                     checkpoint_id=self._frozen_by,
                 )
             self._frozen_by = checkpoint_id
-            live = [e.execution for e in self._entries.values() if e.state in _LIVE]
+            live = [e.execution() for e in self._entries.values() if e.state in _LIVE]
         try:
             yield live
         finally:
@@ -356,6 +394,15 @@ class LiveExecutionRegistry:
             raise
         return manifest, writer.manifest_ref
 
+    def snapshot(self) -> LiveExecutionRegistry:
+        """A private copy taken atomically (an asynchronous publication writes the registry
+        component from it after the resume): entries are copied, their encoded parts shared."""
+        copy = LiveExecutionRegistry()
+        with self._lock:
+            copy._entries = {rollout_id: e.clone() for rollout_id, e in self._entries.items()}
+            copy._retired = dict(self._retired)
+        return copy
+
     def install(self, entries: Iterable[RegistryEntry], retired: Mapping[str, int] | None = None) -> None:
         """Replace the whole content (restore uses it); validated completely before installing."""
         staged: dict[str, _Entry] = {}
@@ -374,6 +421,7 @@ class LiveExecutionRegistry:
                 item.input_digest,
                 item.restart_only,
                 item.result if item.state == "handed_off" else None,
+                encode=False,  # encoded on first use: a restore or a copy stays cheap
             )
         marks = dict(retired or {})
         with self._lock:
@@ -463,12 +511,12 @@ def registry_batches(entries: Sequence[_Entry]) -> list[RecordBatch]:
         payloads=tuple(e.payload() for e in entries),
         refs=tuple(_state_refs(e.state, e.restart_only) for e in entries),
     )
-    results = [e for e in entries if e.result_payload is not None]
+    results = [(e, p) for e in entries if (p := e.result_payload()) is not None]
     completed = RecordBatch(
         kind=CompletedResultRecord.kind,
-        rollout_ids=tuple(e.rollout_id for e in results),
-        attempts=tuple(e.attempt for e in results),
+        rollout_ids=tuple(e.rollout_id for e, _ in results),
+        attempts=tuple(e.attempt for e, _ in results),
         keys=("result",) * len(results),
-        payloads=tuple(e.result_payload for e in results if e.result_payload is not None),
+        payloads=tuple(p for _, p in results),
     )
     return [dispatch, completed]
