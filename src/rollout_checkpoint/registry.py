@@ -12,18 +12,18 @@ a checkpoint then classifies the rollout ``completed`` and never resumes it.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import JsonValue
 
 from . import layout
+from ._columnar import RecordBatch, encode_docs
 from .errors import AdmissionClosedError, IdentityConflictError, InvalidPhaseError, StaleAttemptError
 from .ids import ExecutionId, validate_id
-from .records import CompletedResultRecord, DispatchRecord, DispatchState
+from .records import RECORD_SCHEMA_VERSION, CompletedResultRecord, DispatchRecord, DispatchState
 from .store import ObjectStore
 
 if TYPE_CHECKING:
@@ -72,7 +72,23 @@ class RegistryEntry:
 
 
 class _Entry:
-    __slots__ = ("attempt", "input_digest", "restart_only", "result", "rollout_id", "state")
+    """One registry entry. Its ``dispatch`` payload is kept encoded around the state (``head``
+    + state + ``tail``) and its result's payload encoded once, so a checkpoint only joins bytes:
+    a dispatched entry encodes when it is made, an installed one (restore, a copy) on first use.
+    """
+
+    __slots__ = (
+        "_execution",
+        "_head",
+        "_result_payload",
+        "_tail",
+        "attempt",
+        "input_digest",
+        "restart_only",
+        "result",
+        "rollout_id",
+        "state",
+    )
 
     def __init__(
         self,
@@ -82,6 +98,8 @@ class _Entry:
         input_digest: str | None,
         restart_only: bool,
         result: CompletedResultRecord | None = None,
+        *,
+        encode: bool = True,
     ) -> None:
         self.rollout_id = rollout_id
         self.attempt = attempt
@@ -89,6 +107,56 @@ class _Entry:
         self.input_digest = input_digest
         self.restart_only = restart_only
         self.result = result
+        self._execution: ExecutionId | None = None
+        self._head: bytes | None = None
+        self._tail: bytes | None = None
+        self._result_payload: bytes | None = None
+        if encode:
+            self.execution()
+            self.payload()
+            self.result_payload()
+
+    def execution(self) -> ExecutionId:
+        """The id a checkpoint freezes, built once (from validated values: no second validation)."""
+        if self._execution is None:
+            self._execution = ExecutionId.model_construct(rollout_id=self.rollout_id, attempt=self.attempt)
+        return self._execution
+
+    def payload(self) -> bytes:
+        """The ``dispatch`` payload in the current state."""
+        if self._head is None or self._tail is None:
+            head, tail = encode_docs(
+                [
+                    {
+                        "schema_version": RECORD_SCHEMA_VERSION,
+                        "rollout_id": self.rollout_id,
+                        "attempt": self.attempt,
+                    },
+                    {"input_digest": self.input_digest, "restart_only": self.restart_only},
+                ]
+            )
+            self._head = head[:-1] + b',"state":"'  # the state is one of DispatchState: no escaping
+            self._tail = b'",' + tail[1:]
+        return self._head + self.state.encode() + self._tail
+
+    def result_payload(self) -> bytes | None:
+        """The kept result's ``completed_result`` payload, if a result is kept."""
+        if self.result is None:
+            return None
+        if self._result_payload is None:
+            self._result_payload = result_payload(self.result)
+        return self._result_payload
+
+    def set_result(self, result: CompletedResultRecord | None, payload: bytes | None) -> None:
+        self.result = result
+        self._result_payload = payload
+
+    def clone(self) -> _Entry:
+        """A copy sharing the encoded parts (bytes and the frozen id: immutable)."""
+        twin = _Entry.__new__(_Entry)
+        for name in _Entry.__slots__:
+            setattr(twin, name, getattr(self, name))
+        return twin
 
     def info(self) -> ExecutionInfo:
         return ExecutionInfo(
@@ -173,11 +241,12 @@ class LiveExecutionRegistry:
             reward=reward,
             acknowledged=True,
         )
+        payload = result_payload(record)  # encoded here, not inside a checkpoint's pause
         with self._lock:
             entry = self._current(execution)
             self._require(entry, "finished", "handed_off")
             entry.state = "handed_off"
-            entry.result = record
+            entry.set_result(record, payload)
         return record
 
     def consume(self, execution: ExecutionId) -> CompletedResultRecord:
@@ -188,7 +257,7 @@ class LiveExecutionRegistry:
             assert entry.result is not None
             result = entry.result
             entry.state = "consumed"
-            entry.result = None
+            entry.set_result(None, None)
             return result
 
     def retire(self, execution: ExecutionId) -> None:
@@ -220,11 +289,7 @@ class LiveExecutionRegistry:
                     checkpoint_id=self._frozen_by,
                 )
             self._frozen_by = checkpoint_id
-            live = [
-                ExecutionId(rollout_id=e.rollout_id, attempt=e.attempt)
-                for e in self._entries.values()
-                if e.state in _LIVE
-            ]
+            live = [e.execution() for e in self._entries.values() if e.state in _LIVE]
         try:
             yield live
         finally:
@@ -286,16 +351,18 @@ class LiveExecutionRegistry:
         """Write the registry as the ``framework/registry`` component archive of ``checkpoint_id``.
 
         One ``dispatch`` member per entry and one ``completed_result`` member per retained
-        result; payloads are built as JSON directly (the bulk path, no per-record validation;
-        :func:`records.decode_record` reads them back as the record models).
+        result, as two columnar batches (``ArchiveWriter.write_columns``): payloads are orjson
+        of the record models' JSON shape, built in bulk from the entries (validated when they
+        were made); :func:`records.decode_record` reads them back as the record models.
         """
         from .archive import ArchiveWriter
 
-        with self._lock:
-            rows = [
-                (e.rollout_id, e.attempt, e.state, e.input_digest, e.restart_only, e.result)
-                for _, e in sorted(self._entries.items())
-            ]
+        with self._lock:  # the entries go on changing: their columns are taken under the lock
+            entries = [e for _, e in sorted(self._entries.items())]
+            batches = registry_batches(entries)
+            counts: dict[str, int] = {}
+            for entry in entries:
+                counts[entry.state] = counts.get(entry.state, 0) + 1
             retired = dict(sorted(self._retired.items()))
         writer = ArchiveWriter(
             store,
@@ -305,33 +372,17 @@ class LiveExecutionRegistry:
             instance=REGISTRY_INSTANCE,
             **writer_options,
         )
-        dumps = json.dumps
         try:
-            for rollout_id, attempt, state, digest, restart_only, result in rows:
-                payload = dumps(
-                    {
-                        "schema_version": 1,
-                        "rollout_id": rollout_id,
-                        "attempt": attempt,
-                        "state": state,
-                        "input_digest": digest,
-                        "restart_only": restart_only,
-                    },
-                    separators=(",", ":"),
-                ).encode()
-                writer.write_raw(
-                    DispatchRecord.kind,
-                    rollout_id,
-                    attempt,
-                    "dispatch",
-                    payload,
-                    refs={"state": state, "restart_only": restart_only},
+            for batch in batches:
+                writer.write_columns(
+                    batch.kind,
+                    batch.rollout_ids,
+                    batch.attempts,
+                    batch.keys,
+                    batch.payloads,
+                    revisions=batch.revisions,
+                    refs=batch.refs,
                 )
-                if result is not None:
-                    writer.write(result)
-            counts: dict[str, int] = {}
-            for row in rows:
-                counts[row[2]] = counts.get(row[2], 0) + 1
             extra: dict[str, JsonValue] = {
                 "retired": dict(retired.items()),
                 "counts": dict(counts.items()),
@@ -342,6 +393,15 @@ class LiveExecutionRegistry:
                 writer.abort()
             raise
         return manifest, writer.manifest_ref
+
+    def snapshot(self) -> LiveExecutionRegistry:
+        """A private copy taken atomically (an asynchronous publication writes the registry
+        component from it after the resume): entries are copied, their encoded parts shared."""
+        copy = LiveExecutionRegistry()
+        with self._lock:
+            copy._entries = {rollout_id: e.clone() for rollout_id, e in self._entries.items()}
+            copy._retired = dict(self._retired)
+        return copy
 
     def install(self, entries: Iterable[RegistryEntry], retired: Mapping[str, int] | None = None) -> None:
         """Replace the whole content (restore uses it); validated completely before installing."""
@@ -361,6 +421,7 @@ class LiveExecutionRegistry:
                 item.input_digest,
                 item.restart_only,
                 item.result if item.state == "handed_off" else None,
+                encode=False,  # encoded on first use: a restore or a copy stays cheap
             )
         marks = dict(retired or {})
         with self._lock:
@@ -413,3 +474,49 @@ class LiveExecutionRegistry:
         del self._entries[entry.rollout_id]
         mark = self._retired.get(entry.rollout_id, -1)
         self._retired[entry.rollout_id] = max(mark, entry.attempt)
+
+
+_STATE_REFS: dict[tuple[str, bool], dict[str, JsonValue]] = {}
+
+
+def _state_refs(state: str, restart_only: bool) -> dict[str, JsonValue]:
+    """``DispatchRecord.index_refs()``: one shared dict per (state, restart_only), never changed."""
+    refs = _STATE_REFS.get((state, restart_only))
+    if refs is None:
+        refs = _STATE_REFS.setdefault((state, restart_only), {"state": state, "restart_only": restart_only})
+    return refs
+
+
+def result_payload(result: CompletedResultRecord) -> bytes:
+    """A ``completed_result`` payload: orjson of the model's JSON shape."""
+    doc = {
+        "schema_version": result.schema_version,
+        "rollout_id": result.rollout_id,
+        "attempt": result.attempt,
+        "result": result.result,
+        "reward": result.reward,
+        "acknowledged": result.acknowledged,
+    }
+    return encode_docs([doc])[0]
+
+
+def registry_batches(entries: Sequence[_Entry]) -> list[RecordBatch]:
+    """The ``dispatch`` batch of every entry and the ``completed_result`` batch of the kept
+    results, from the payloads the entries keep encoded (entries were validated when made)."""
+    dispatch = RecordBatch(
+        kind=DispatchRecord.kind,
+        rollout_ids=tuple(e.rollout_id for e in entries),
+        attempts=tuple(e.attempt for e in entries),
+        keys=("dispatch",) * len(entries),
+        payloads=tuple(e.payload() for e in entries),
+        refs=tuple(_state_refs(e.state, e.restart_only) for e in entries),
+    )
+    results = [(e, p) for e in entries if (p := e.result_payload()) is not None]
+    completed = RecordBatch(
+        kind=CompletedResultRecord.kind,
+        rollout_ids=tuple(e.rollout_id for e, _ in results),
+        attempts=tuple(e.attempt for e, _ in results),
+        keys=("result",) * len(results),
+        payloads=tuple(p for _, p in results),
+    )
+    return [dispatch, completed]

@@ -35,7 +35,17 @@ and restore), ``_participant`` (the operations).
 
 from __future__ import annotations
 
-from ._hooks import Export, Readiness, execution_key, restamp, wrong_kind
+from ._hooks import (
+    Export,
+    ExportRecords,
+    Readiness,
+    RecordBatch,
+    RecordBatches,
+    execution_key,
+    restamp,
+    scope_test,
+    wrong_kind,
+)
 from ._idempotency import RESUMED_IDS_KEPT
 from ._lease import DEFAULT_LEASE_GRACE_SECONDS
 from ._participant import BLOCKERS_REPORTED, Participant
@@ -45,9 +55,13 @@ __all__ = [
     "DEFAULT_LEASE_GRACE_SECONDS",
     "RESUMED_IDS_KEPT",
     "Export",
+    "ExportRecords",
     "Participant",
     "Readiness",
+    "RecordBatch",
+    "RecordBatches",
     "execution_key",
     "restamp",
+    "scope_test",
     "wrong_kind",
 ]

@@ -8,7 +8,7 @@ source component and checks it against its manifest before anything is installed
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..fencing import AttemptFence
 from ..ids import ExecutionId
 from ..records import Record
 from ..store import ObjectStore, open_store
-from ._hooks import execution_key
+from ._hooks import ExportRecords, RecordBatches, execution_key
 
 __all__ = ["SourceComponent", "adopt_manifest", "parse_executions", "read_component", "write_component"]
 
@@ -33,7 +33,7 @@ def write_component(
     checkpoint_id: str,
     kind: str,
     instance: str,
-    records: Sequence[Record],
+    records: ExportRecords,
     extra: dict[str, JsonValue],
     *,
     lock: threading.Condition,
@@ -41,9 +41,11 @@ def write_component(
 ) -> ManifestTriple:
     """Write the records, then the manifest last, deciding the manifest write under ``lock``.
 
-    ``check_active`` raises if the checkpoint ended meanwhile; it runs before every record and,
-    under the lock, right before the manifest, so a resume is either before it (no manifest,
-    ever) or after it.
+    ``check_active`` raises if the checkpoint ended meanwhile; it runs before every batch (or
+    record) and, under the lock, right before the manifest, so a resume is either before it (no
+    manifest, ever) or after it. :class:`RecordBatches` go through the archive's columnar path
+    (``ArchiveWriter.write_columns``: one check per batch, payloads stored as encoded), record
+    models one by one through ``ArchiveWriter.write``.
     """
     from ..archive import ArchiveWriter
 
@@ -56,9 +58,22 @@ def write_component(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=kind, instance=instance
     )
     try:
-        for record in records:
-            check_active()
-            writer.write(record)
+        if isinstance(records, RecordBatches):
+            for batch in records.batches:
+                check_active()
+                writer.write_columns(
+                    batch.kind,
+                    batch.rollout_ids,
+                    batch.attempts,
+                    batch.keys,
+                    batch.payloads,
+                    revisions=batch.revisions,
+                    refs=batch.refs,
+                )
+        else:
+            for record in records:
+                check_active()
+                writer.write(record)
     except BaseException:
         writer.abort()  # no manifest: the uploaded shards stay unreferenced garbage
         raise

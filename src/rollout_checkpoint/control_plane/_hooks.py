@@ -3,14 +3,28 @@ small execution helpers the kinds share."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._columnar import RecordBatch, RecordBatches
 from ..errors import InvalidRecordError
 from ..ids import ExecutionId
 from ..records import Record
 
-__all__ = ["Export", "Readiness", "execution_key", "restamp", "wrong_kind"]
+__all__ = [
+    "Export",
+    "ExportRecords",
+    "Readiness",
+    "RecordBatch",
+    "RecordBatches",
+    "execution_key",
+    "restamp",
+    "scope_test",
+    "wrong_kind",
+]
+
+ExportRecords = Sequence[Record] | RecordBatches
+"""What an export commits: record models, or pre-encoded columnar batches (the fast path)."""
 
 
 def execution_key(execution: ExecutionId) -> tuple[str, int]:
@@ -30,11 +44,33 @@ class Readiness:
 @dataclass(frozen=True)
 class Export:
     """What a subclass commits: records to archive, the executions they cover, and the live
-    executions that must restart from their input instead (restart-only state)."""
+    executions that must restart from their input instead (restart-only state).
 
-    records: Sequence[Record]
+    ``records`` never changes once the export exists, whatever the participant does next (the
+    commit may write it after the participant resumed): :class:`RecordBatches` hold encoded
+    bytes; a sequence of (frozen) record models is copied into a tuple here.
+    """
+
+    records: ExportRecords
     executions: Sequence[ExecutionId]
     restarts: Sequence[ExecutionId] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.records, RecordBatches | tuple):
+            object.__setattr__(self, "records", tuple(self.records))
+
+
+def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], bool]:
+    """``execution in scope`` (everything when ``scope`` is None), by rollout id and attempt: an
+    export tests every live execution, and plain strings and ints hash and compare much faster
+    than the pydantic models (and allocate nothing the garbage collector tracks)."""
+    if scope is None:
+        return lambda execution: True
+    attempts = {e.rollout_id: e.attempt for e in scope}
+    if len(attempts) == len(scope):  # one attempt per rollout, as a coordinator's scope has
+        return lambda execution: attempts.get(execution.rollout_id) == execution.attempt
+    keys = {(e.rollout_id, e.attempt) for e in scope}
+    return lambda execution: (execution.rollout_id, execution.attempt) in keys
 
 
 def restamp(record: Record, attempt: int) -> Record:

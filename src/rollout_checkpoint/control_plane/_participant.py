@@ -37,7 +37,7 @@ from ..records import Record
 from ..store import ObjectStore
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
-from ._hooks import Export, Readiness, execution_key
+from ._hooks import Export, ExportRecords, Readiness, execution_key
 from ._lease import check_deadline
 
 __all__ = ["BLOCKERS_REPORTED", "Participant"]
@@ -428,7 +428,7 @@ class Participant(AdmissionGate, abc.ABC):
         checkpoint_id: str,
         store: str | ObjectStore,
         deadline: float,
-        records: Sequence[Record],
+        records: ExportRecords,
         extra: dict[str, JsonValue],
         generation: int,
     ) -> tuple[str, str, int]:

@@ -19,13 +19,16 @@ from ..control_plane import (
     Export,
     Participant,
     Readiness,
+    RecordBatches,
     execution_key,
     restamp,
+    scope_test,
     wrong_kind,
 )
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
 from ..ids import ExecutionId, validate_id
 from ..records import AgentBoundaryRecord, Record
+from ._boundaries import SavedBoundary, boundary_batch
 
 __all__ = ["AgentMode", "AgentParticipant"]
 
@@ -35,11 +38,15 @@ AgentMode = Literal["exported", "restart_only"]
 @dataclass
 class _AgentRun:
     running: bool
-    boundary: AgentBoundaryRecord | None = None
+    saved: SavedBoundary | None = None  # the latest boundary, encoded when reported
     restored: bool = False  # restored and not yet picked up by its replacement
     restart_only: bool = False  # this run cannot continue: reported as a restart, never exported
     awaiting: str | None = None  # the model call the run is parked on (first since its boundary)
     calls_since_boundary: int = 0
+
+    @property
+    def boundary(self) -> AgentBoundaryRecord | None:
+        return None if self.saved is None else self.saved.record()
 
 
 class AgentParticipant(Participant):
@@ -143,7 +150,7 @@ class AgentParticipant(Participant):
                 raise InvalidPhaseError(f"{execution}: awaiting a model call outside a turn (start a turn)")
             if run.awaiting is not None:
                 raise InvalidPhaseError(f"{execution}: already awaiting model call {run.awaiting}")
-            parks = run.calls_since_boundary == 0 and run.boundary is not None
+            parks = run.calls_since_boundary == 0 and run.saved is not None
             run.calls_since_boundary += 1
             if parks:
                 run.awaiting = call_id
@@ -179,17 +186,18 @@ class AgentParticipant(Participant):
             raise InvalidRecordError(
                 f"{execution}: pending_model_call_id is set by the agent participant, not reported"
             )
+        saved = SavedBoundary.of(record)  # encoded once, here, not inside a checkpoint's pause
         with self._cond:
             self._require_live(execution)
             run = self._run(execution)
             if run.awaiting is not None:
                 raise InvalidPhaseError(f"{execution}: boundary while awaiting model call {run.awaiting}")
-            if run.boundary is not None and record.boundary_index <= run.boundary.boundary_index:
+            if run.saved is not None and record.boundary_index <= run.saved.boundary_index:
                 raise InvalidRecordError(
                     f"{execution}: boundary_index {record.boundary_index} does not advance past "
-                    f"{run.boundary.boundary_index}"
+                    f"{run.saved.boundary_index}"
                 )
-            run.boundary = record
+            run.saved = saved
             run.running = False
             run.calls_since_boundary = 0
             self._mark(execution)
@@ -233,8 +241,9 @@ class AgentParticipant(Participant):
         return run
 
     def _restarts(self, scope: frozenset[ExecutionId] | None) -> list[ExecutionId]:
+        in_scope = scope_test(scope)
         return sorted(
-            (e for e, run in self._runs.items() if run.restart_only and self._in_scope(e, scope)),
+            (e for e, run in self._runs.items() if run.restart_only and in_scope(e)),
             key=execution_key,
         )
 
@@ -256,17 +265,15 @@ class AgentParticipant(Participant):
         )
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        records: list[Record] = []
-        executions: list[ExecutionId] = []
-        for execution, run in sorted(self._runs.items(), key=lambda item: execution_key(item[0])):
-            if run.restart_only or run.boundary is None or not self._in_scope(execution, scope):
-                continue
-            record = run.boundary
-            if run.awaiting is not None:
-                record = record.model_copy(update={"pending_model_call_id": run.awaiting})
-            records.append(record)
-            executions.append(execution)
-        return Export(records=records, executions=executions, restarts=self._restarts(scope))
+        in_scope = scope_test(scope)
+        runs = self._runs
+        executions = sorted(
+            (e for e, run in runs.items() if not run.restart_only and run.saved is not None and in_scope(e)),
+            key=execution_key,
+        )
+        parked = [(runs[e].saved, runs[e].awaiting) for e in executions]
+        batch = boundary_batch(cast(list[tuple[SavedBoundary, str | None]], parked))
+        return Export(records=RecordBatches([batch]), executions=executions, restarts=self._restarts(scope))
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         if records and self.mode == "restart_only":
@@ -278,14 +285,18 @@ class AgentParticipant(Participant):
             if record.execution in boundaries:
                 raise InvalidRecordError(f"{record.execution} has more than one boundary in the checkpoint")
             boundaries[record.execution] = record
+        saved = {
+            execution: SavedBoundary.of(cast(AgentBoundaryRecord, restamp(record, execution.attempt + 1)))
+            for execution, record in boundaries.items()
+        }
 
         def install() -> list[ExecutionId]:
             restored = []
-            for execution, record in boundaries.items():
+            for execution in boundaries:
                 nxt = execution.next_attempt()
                 self._runs[nxt] = _AgentRun(
                     running=False,
-                    boundary=cast(AgentBoundaryRecord, restamp(record, nxt.attempt)),
+                    saved=saved[execution],
                     restored=True,
                 )
                 self._pending.add(nxt)

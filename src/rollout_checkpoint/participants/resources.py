@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from .. import layout
+from .._columnar import b64, check_ids, check_lengths, check_non_negative, encode_docs
 from ..archive import ArchiveReader
 from ..control import CheckpointMode, WorkerTopology
 from ..control_plane import (
@@ -21,7 +22,10 @@ from ..control_plane import (
     Export,
     Participant,
     Readiness,
+    RecordBatch,
+    RecordBatches,
     execution_key,
+    scope_test,
     wrong_kind,
 )
 from ..errors import (
@@ -33,7 +37,7 @@ from ..errors import (
 )
 from ..ids import ExecutionId, validate_id
 from ..manifests import read_record
-from ..records import Record, ResourceSnapshotRecord
+from ..records import RECORD_SCHEMA_VERSION, Record, ResourceSnapshotRecord
 from ..store import ObjectStore, open_store
 from .codecs import JsonCodec, StateCodec
 
@@ -47,6 +51,7 @@ DEFAULT_ADMISSION_WAIT_SECONDS = 300.0
 class _Session:
     state: Any
     revision: int
+    encoded: bytes | Exception | None  # the member payload of ``state`` (exported mode), or an error
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
 
@@ -106,12 +111,13 @@ class ResourcesParticipant(Participant):
     ) -> int:
         """Seed a session at revision 0 (new work: waits up to ``wait`` s while a checkpoint runs)."""
         validate_id(session_id, "session_id")
+        encoded = self._encode(execution, session_id, 0, state)
         with self._cond:
             self._admit(execution, wait=self._wait(wait))
             if (execution, session_id) in self._sessions:
                 raise IdentityConflictError(f"session {session_id} of {execution} is already open")
             self._register(execution)
-            self._add_session(execution, session_id, _Session(state=state, revision=0))
+            self._add_session(execution, session_id, _Session(state=state, revision=0, encoded=encoded))
             return 0
 
     def mutate(
@@ -125,8 +131,10 @@ class ResourcesParticipant(Participant):
         """Apply ``fn(state) -> new_state`` under the session lock; returns the new revision.
 
         Treat the state as immutable inside ``fn`` (return a new value): if ``fn`` raises, the
-        old state and revision stay. While a checkpoint runs the mutation waits for resume, up to
-        ``wait`` s (default ``admission_wait``; ``0`` refuses at once).
+        old state and revision stay. An exported session's new state is encoded here, under the
+        session lock, so a commit only gathers bytes (a codec error is raised by the commit).
+        While a checkpoint runs the mutation waits for resume, up to ``wait`` s (default
+        ``admission_wait``; ``0`` refuses at once).
         """
         with self._cond:
             self._admit(execution, wait=self._wait(wait))
@@ -137,11 +145,13 @@ class ResourcesParticipant(Participant):
             with session.lock:
                 with self._cond:
                     self._still_current(execution, session_id, session)
-                    state = session.state
+                    state, revision = session.state, session.revision  # fixed while we hold the lock
                 new_state = fn(state)
+                encoded = self._encode(execution, session_id, revision + 1, new_state)
                 with self._cond:
                     self._still_current(execution, session_id, session)
                     session.state = new_state
+                    session.encoded = encoded
                     session.revision += 1
                     return session.revision
         finally:
@@ -170,6 +180,23 @@ class ResourcesParticipant(Participant):
                 if execution not in self._by_execution:
                     self._unregister(execution)
             self._changed()
+
+    def _encode(
+        self, execution: ExecutionId, session_id: str, revision: int, state: Any
+    ) -> bytes | Exception | None:
+        """The ``resource_snapshot`` payload of ``state`` at ``revision`` (``None`` unless
+        exported); a codec error is kept, not raised (the commit raises it)."""
+        if self.mode != "exported":
+            return None
+        try:
+            data: Any = self.codec.encode(state)
+        except (TypeError, ValueError) as exc:
+            return exc
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        if type(data) is not bytes:
+            return TypeError(f"the codec returned {type(data).__name__}, not bytes")
+        return snapshot_payload(execution, session_id, revision, self.codec.name, data)
 
     def _wait(self, wait: float | None) -> float:
         return self.admission_wait if wait is None else wait
@@ -218,36 +245,30 @@ class ResourcesParticipant(Participant):
         return Readiness(counts=counts, restarts=restarts)
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        in_scope = scope_test(scope)
         if self.mode == "stateless":
             return Export(records=[], executions=[])
         if self.mode == "restart_only":
-            live = [e for e in self._live_executions() if self._in_scope(e, scope)]
+            live = [e for e in self._live_executions() if in_scope(e)]
             return Export(records=[], executions=[], restarts=live)
-        records: list[Record] = []
-        executions: set[ExecutionId] = set()
-        for (execution, session_id), session in sorted(
-            self._sessions.items(), key=lambda item: (execution_key(item[0][0]), item[0][1])
-        ):
-            if not self._in_scope(execution, scope):
-                continue
-            try:
-                data = self.codec.encode(session.state)
-            except (TypeError, ValueError) as exc:
+        sessions = sorted(
+            (
+                (execution, session_id, session.encoded, session.revision)
+                for (execution, session_id), session in self._sessions.items()
+                if in_scope(execution)
+            ),
+            key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
+        )
+        payloads: list[bytes] = []
+        for execution, session_id, encoded, _ in sessions:
+            if not isinstance(encoded, bytes):
                 raise InvalidRecordError(
-                    f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {exc}"
-                ) from exc
-            records.append(
-                ResourceSnapshotRecord(
-                    rollout_id=execution.rollout_id,
-                    attempt=execution.attempt,
-                    session_id=session_id,
-                    revision=session.revision,
-                    codec=self.codec.name,
-                    state=data,
-                )
-            )
-            executions.add(execution)
-        return Export(records=records, executions=sorted(executions, key=execution_key))
+                    f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {encoded}"
+                ) from (encoded if isinstance(encoded, Exception) else None)
+            payloads.append(encoded)
+        batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], payloads)
+        executions = sorted({e for e, _, _, _ in sessions}, key=execution_key)
+        return Export(records=RecordBatches([batch]), executions=executions)
 
     def _check_references(
         self,
@@ -303,7 +324,9 @@ class ResourcesParticipant(Participant):
             restored: set[ExecutionId] = set()
             for (execution, session_id), (state, revision) in decoded.items():
                 nxt = execution.next_attempt()
-                self._add_session(nxt, session_id, _Session(state=state, revision=revision))
+                encoded = self._encode(nxt, session_id, revision, state)
+                session = _Session(state=state, revision=revision, encoded=encoded)
+                self._add_session(nxt, session_id, session)
                 restored.add(nxt)
             return list(restored)
 
@@ -345,3 +368,38 @@ def _referenced_revisions(
                 execution = ExecutionId(rollout_id=member.rollout_id, attempt=member.attempt)
                 out.append((execution, {str(k): int(v) for k, v in sessions.items() if isinstance(v, int)}))
     return out
+
+
+def snapshot_payload(
+    execution: ExecutionId, session_id: str, revision: int, codec: str, state: bytes
+) -> bytes:
+    """One ``resource_snapshot`` payload: orjson of the model's JSON shape (state as base64)."""
+    doc = {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "rollout_id": execution.rollout_id,
+        "attempt": execution.attempt,
+        "session_id": session_id,
+        "revision": revision,
+        "codec": codec,
+        "state": b64(state),
+    }
+    return encode_docs([doc])[0]
+
+
+def snapshot_batch(
+    codec: str, sessions: Sequence[tuple[ExecutionId, str, int]], payloads: Sequence[bytes]
+) -> RecordBatch:
+    """The ``resource_snapshot`` members of ``(execution, session_id, revision)`` with their
+    payloads (:func:`snapshot_payload`, built when the state was set): what
+    ``ResourceSnapshotRecord`` validates is checked per column."""
+    check_lengths([codec], "codec", 1, 128)
+    check_ids((s for _, s, _ in sessions), "session_id")
+    check_non_negative((r for _, _, r in sessions), "revision")
+    return RecordBatch(
+        kind=ResourceSnapshotRecord.kind,
+        rollout_ids=tuple(e.rollout_id for e, _, _ in sessions),
+        attempts=tuple(e.attempt for e, _, _ in sessions),
+        keys=tuple(s for _, s, _ in sessions),
+        payloads=tuple(payloads),
+        revisions=tuple(r for _, _, r in sessions),
+    )

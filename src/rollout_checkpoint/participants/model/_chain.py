@@ -38,6 +38,7 @@ class Chain:
     """One execution's token-free lineage, in delivery order."""
 
     calls: list[ModelCallLineageRecord] = field(default_factory=list)
+    encoded: dict[str, bytes] = field(default_factory=dict)  # payloads built at delivery, by call id
     receipts: dict[str, TokenPutReceipt] = field(default_factory=dict)  # by call id
     inflight: set[str] = field(default_factory=set)
     pending: dict[str, PendingCut] = field(default_factory=dict)  # by call id

@@ -11,7 +11,14 @@ from typing import Literal
 from pydantic import JsonValue
 
 from ...control import WorkerTopology
-from ...control_plane import DEFAULT_LEASE_GRACE_SECONDS, Export, Readiness, execution_key
+from ...control_plane import (
+    DEFAULT_LEASE_GRACE_SECONDS,
+    Export,
+    Readiness,
+    RecordBatches,
+    execution_key,
+    scope_test,
+)
 from ...errors import (
     GenerationCutError,
     IdentityConflictError,
@@ -21,7 +28,7 @@ from ...errors import (
     UnknownExecutionError,
 )
 from ...ids import ExecutionId, validate_id
-from ...records import GenerationCut, ModelCallLineageRecord, Record, TokenStoreReceipt
+from ...records import GenerationCut, ModelCallLineageRecord, Record
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
 from ._calls import (
@@ -36,6 +43,7 @@ from ._calls import (
 )
 from ._chain import Chain, chains_from_records
 from ._cutting import CutRounds
+from ._export import NO_PENDING, ReceiptColumns, lineage_batch, lineage_payload, pending_calls
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
@@ -355,6 +363,7 @@ class PolicyModelParticipant(CutRounds):
         if self.lineage_store is not None:
             self.lineage_store.record(record)
         chain.calls.append(record)
+        chain.encoded[record.call_id] = lineage_payload(record)  # not inside a checkpoint's pause
         chain.receipts[record.call_id] = receipt
         chain.inflight.discard(record.call_id)
         # A restored cut whose call was not re-issued before the lineage moved on is void.
@@ -432,45 +441,29 @@ class PolicyModelParticipant(CutRounds):
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
-        records: list[Record] = []
+        in_scope = scope_test(scope)
+        lineage: list[ModelCallLineageRecord] = []
+        encoded: list[bytes | None] = []
+        receipts = ReceiptColumns()
         executions: list[ExecutionId] = []
-        for execution, chain in sorted(self._chains.items(), key=lambda item: execution_key(item[0])):
-            if not self._in_scope(execution, scope):
+        for execution in sorted(self._chains, key=execution_key):
+            if not in_scope(execution):
                 continue
-            pending: dict[str, tuple[str, GenerationCut, GenerationCut | None]] = {
-                c: (p.policy_version, p.cut, None) for c, p in chain.pending.items()
-            }
-            for call_id in chain.inflight:
-                ticket = self._tickets.get((execution, call_id))
-                if ticket is None:
-                    continue
-                done = durable.get(ticket.key)
-                old = ticket.pending.cut if ticket.pending is not None else None
-                if done is not None:
-                    pending[call_id] = (ticket.policy_version, done.generation_cut(), old)
-                elif ticket.pending is not None:  # not cut again: its restored cut still stands
-                    pending[call_id] = (ticket.policy_version, ticket.pending.cut, None)
+            chain = self._chains[execution]
+            pending = NO_PENDING
+            if chain.pending or chain.inflight:
+                pending = pending_calls(execution, chain, self._tickets, durable)
             if not chain.calls and not pending:
                 continue
             executions.append(execution)
-
-            def receipt(key: str, digest: str, length: int, ex: ExecutionId = execution) -> TokenStoreReceipt:
-                return TokenStoreReceipt(
-                    rollout_id=ex.rollout_id,
-                    attempt=ex.attempt,
-                    store=self.token_sink.name,
-                    snapshot_id=snapshot_id,
-                    key=key,
-                    digest=digest,
-                    length=length,
-                )
-
-            for lineage in chain.calls:
-                put = chain.receipts[lineage.call_id]
-                records += [lineage, receipt(put.key, put.digest, put.length)]
+            for call in chain.calls:
+                put = chain.receipts[call.call_id]
+                lineage.append(call)
+                encoded.append(chain.encoded.get(call.call_id))
+                receipts.add(execution, put.key, put.digest, put.length)
             for call_id, (version, cut, continued) in sorted(pending.items()):
-                records.append(
-                    ModelCallLineageRecord(
+                lineage.append(
+                    ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
                         rollout_id=execution.rollout_id,
                         attempt=execution.attempt,
                         call_id=call_id,
@@ -481,8 +474,10 @@ class PolicyModelParticipant(CutRounds):
                         continued_from=continued,
                     )
                 )
-                records.append(receipt(cut.receipt_key, cut.receipt_digest, cut.receipt_length))
-        return Export(records=records, executions=executions)
+                encoded.append(None)
+                receipts.add(execution, cut.receipt_key, cut.receipt_digest, cut.receipt_length)
+        batches = [lineage_batch(lineage, encoded), receipts.batch(self.token_sink.name, snapshot_id)]
+        return Export(records=RecordBatches(batches), executions=executions)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         chains = chains_from_records(records, delivery=self.delivery, token_source=self.token_source)
