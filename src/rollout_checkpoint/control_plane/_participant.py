@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from pydantic import JsonValue
 
@@ -142,8 +142,8 @@ class Participant(AdmissionGate, abc.ABC):
                     )
                 self._extend_lease(deadline)
                 export = self._export(scope_set)
-                restarts = sorted(set(export.restarts), key=execution_key)
-                executions = sorted(set(export.executions), key=execution_key)
+                restarts = _unique_sorted(export.restarts)
+                executions = _unique_sorted(export.executions)
                 effects = self._effects_in(scope_set)
                 extra: dict[str, JsonValue] = {
                     "capabilities": self._capabilities.model_dump(mode="json"),
@@ -530,3 +530,10 @@ class Participant(AdmissionGate, abc.ABC):
             if rollouts is None or rollout_id in rollouts
             for effect in self._effects[rollout_id]
         ]
+
+
+def _unique_sorted(executions: Iterable[ExecutionId]) -> list[ExecutionId]:
+    """Distinct executions in (rollout id, attempt) order, keyed by plain tuples: hashing
+    pydantic ids (the ``set`` of them) was a measurable part of the pause at 10k rollouts."""
+    unique = {execution_key(e): e for e in executions}
+    return [unique[key] for key in sorted(unique)]

@@ -30,7 +30,7 @@ from ..manifests import (
     write_aggregate,
 )
 from ..published import iter_candidates, next_sequence
-from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry, RegistryEntry
+from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
 from ..store import ObjectStore
 from ._core import CoordinatorCore, Laps, log
 from ._types import receipt_json
@@ -46,15 +46,7 @@ def registry_snapshot(registry: LiveExecutionRegistry) -> LiveExecutionRegistry:
     """A private copy of the registry, taken atomically (under its lock) while dispatch is
     frozen: an asynchronous publication writes the registry component from it after the
     resume, whatever the framework does with the live registry meanwhile."""
-    with registry._lock:  # one consistent cut of entries and tombstones
-        entries = [
-            RegistryEntry(i.rollout_id, i.attempt, i.state, i.input_digest, i.restart_only, i.result)
-            for i in registry.executions()
-        ]
-        retired = registry.retired()
-    copy = LiveExecutionRegistry()
-    copy.install(entries, retired)
-    return copy
+    return registry.snapshot()
 
 
 class Publisher(CoordinatorCore):
