@@ -41,8 +41,10 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
     baseline = root / "baseline"
     assert json.loads(_run(str(baseline), "baseline"))["checkpoint_id"] == "ck-baseline"
     steps = json.loads(_run(str(root / "steps"), "async-steps"))
-    first_background = next(i for i, s in enumerate(steps) if s.startswith(("open_write:", "put:")))
-    return baseline, steps[first_background:]
+    # everything after the last resume runs in the background; the coordinator's collect calls
+    # and the participants' uploads interleave in any order, so slice at the resume
+    last_resume = max(i for i, s in enumerate(steps) if s.startswith("resume:"))
+    return baseline, steps[last_resume + 1 :]
 
 
 @pytest.mark.timeout(600)
