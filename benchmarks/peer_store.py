@@ -10,7 +10,9 @@ either side; everything after it is (encoding, hashing, compressing, writing, fs
 
 Each phase of each side runs in a fresh process: ``write`` (write + commit; peak RSS, which
 includes the interpreter and the imports), ``lookup`` (one record, cold: open the archive / the
-manifest and fetch the middle record), ``read_all`` (every record into Python dicts). Figures are
+manifest and fetch the middle record; three fresh processes per run, their median, because one
+lookup of tens of milliseconds is at the mercy of the disk's write-back of the files just written),
+``read_all`` (every record into Python dicts). Figures are
 medians over ``--runs``; the sides take turns run by run, and which goes first alternates.
 ``disk`` is the bytes the side left in its folder / prefix.
 
@@ -311,7 +313,7 @@ def _one_run(
 ) -> dict[str, Any]:
     target = target_for(side, n, run)
     w = run_child(side, "write", target, n, endpoint)
-    w["lookup_s"] = run_child(side, "lookup", target, n, endpoint)["seconds"]
+    w["lookup_s"] = median(run_child(side, "lookup", target, n, endpoint)["seconds"] for _ in range(3))
     w["read_all_s"] = run_child(side, "read_all", target, n, endpoint)["seconds"]
     cleanup(target)
     return w
