@@ -9,40 +9,25 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from _crash_run import run_worker
 from rollout_checkpoint.manifests import read_latest
 from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore
 
-WORKER = Path(__file__).with_name("_crash_worker.py")
-
 pytestmark = pytest.mark.slow
-
-
-def _run(*args: str, expect_kill: bool = False) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=120, check=False
-    )
-    if expect_kill:
-        assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stdout, proc.stderr)
-    else:
-        assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     root = tmp_path_factory.mktemp("crash")
     baseline = root / "baseline"
-    assert json.loads(_run(str(baseline), "baseline"))["checkpoint_id"] == "ck-baseline"
-    steps = json.loads(_run(str(root / "steps"), "steps"))
+    assert json.loads(run_worker(str(baseline), "baseline"))["checkpoint_id"] == "ck-baseline"
+    steps = json.loads(run_worker(str(root / "steps"), "steps"))
     return baseline, steps
 
 
@@ -55,7 +40,7 @@ def test_kill_at_every_step(pristine: tuple[Path, list[str]], tmp_path: Path) ->
         root = tmp_path / f"k{k}"
         shutil.copytree(baseline, root)
         cid = f"ck-crash-{k}"
-        _run(str(root), "crash", str(k), cid, expect_kill=True)
+        run_worker(str(root), "crash", str(k), cid, expect_kill=True)
 
         store = LocalStore(root, fsync=False)
         published = {p.checkpoint_id for p in list_published(store)}
@@ -76,7 +61,7 @@ def test_kill_at_every_step(pristine: tuple[Path, list[str]], tmp_path: Path) ->
         verify_checkpoint(store, latest.checkpoint_id)
         assert latest.rollouts["done"].disposition == "completed"
 
-        summary = json.loads(_run(str(root), "recover"))
+        summary = json.loads(run_worker(str(root), "recover"))
         assert summary["clean"] and summary["open"]
         assert summary["registry"]["done"] == [0, "handed_off"]
         verify_checkpoint(store, summary["checkpoint_id"])

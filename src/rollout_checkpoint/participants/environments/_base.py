@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -49,7 +50,7 @@ def strict_json(data: bytes, keys: frozenset[str]) -> dict[str, Any]:
     return value
 
 
-class CheckedJsonCodec:
+class CheckedJsonCodec(abc.ABC):
     """A state codec: canonical JSON of an object with exactly ``keys``, checked both ways by
     the subclass's ``check`` (which raises ``ValueError`` for a malformed state)."""
 
@@ -57,8 +58,9 @@ class CheckedJsonCodec:
     keys: frozenset[str]
 
     @staticmethod
+    @abc.abstractmethod
     def check(state: Any) -> None:
-        raise NotImplementedError
+        """Raise ``ValueError`` if ``state`` is not a well-formed state of this environment."""
 
     def encode(self, state: Any) -> bytes:
         self.check(state)
