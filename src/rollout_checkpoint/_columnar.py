@@ -18,13 +18,16 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .errors import InvalidRecordError
 from .ids import ID_MAX_LENGTH, validate_id
 from .records import RECORD_TYPES, Record, decode_record
+
+if TYPE_CHECKING:
+    from .archive import ArchiveWriter
 
 __all__ = [
     "RecordBatch",
@@ -60,6 +63,18 @@ class RecordBatch:
 
     def __len__(self) -> int:
         return len(self.payloads)
+
+    def write_to(self, writer: ArchiveWriter) -> None:
+        """Append the batch to ``writer`` through its columnar path (``write_columns``)."""
+        writer.write_columns(
+            self.kind,
+            self.rollout_ids,
+            self.attempts,
+            self.keys,
+            self.payloads,
+            revisions=self.revisions,
+            refs=self.refs,
+        )
 
     def records(self) -> Iterator[Record]:
         """The records as the readers decode them (a check, and the per-record view of a batch)."""

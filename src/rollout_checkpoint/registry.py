@@ -374,15 +374,7 @@ class LiveExecutionRegistry:
         )
         try:
             for batch in batches:
-                writer.write_columns(
-                    batch.kind,
-                    batch.rollout_ids,
-                    batch.attempts,
-                    batch.keys,
-                    batch.payloads,
-                    revisions=batch.revisions,
-                    refs=batch.refs,
-                )
+                batch.write_to(writer)
             extra: dict[str, JsonValue] = {
                 "retired": dict(retired.items()),
                 "counts": dict(counts.items()),

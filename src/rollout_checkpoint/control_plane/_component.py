@@ -61,15 +61,7 @@ def write_component(
         if isinstance(records, RecordBatches):
             for batch in records.batches:
                 check_active()
-                writer.write_columns(
-                    batch.kind,
-                    batch.rollout_ids,
-                    batch.attempts,
-                    batch.keys,
-                    batch.payloads,
-                    revisions=batch.revisions,
-                    refs=batch.refs,
-                )
+                batch.write_to(writer)
         else:
             for record in records:
                 check_active()
