@@ -48,7 +48,8 @@ class Export:
 
     ``records`` never changes once the export exists, whatever the participant does next (the
     commit may write it after the participant resumed): :class:`RecordBatches` hold encoded
-    bytes; a sequence of (frozen) record models is copied into a tuple here.
+    bytes; a sequence of (frozen) record models is copied into a tuple here. ``executions``
+    and ``restarts`` may come in any order and repeat: the commit dedupes and sorts them.
     """
 
     records: ExportRecords

@@ -267,8 +267,8 @@ class ResourcesParticipant(Participant):
                 ) from (encoded if isinstance(encoded, Exception) else None)
             payloads.append(encoded)
         batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], payloads)
-        executions = sorted({e for e, _, _, _ in sessions}, key=execution_key)
-        return Export(records=RecordBatches([batch]), executions=executions)
+        # one entry per session (the commit dedupes executions by their (rollout, attempt) key)
+        return Export(records=RecordBatches([batch]), executions=[e for e, _, _, _ in sessions])
 
     def _check_references(
         self,
