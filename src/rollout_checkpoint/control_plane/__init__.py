@@ -30,12 +30,14 @@ which wakes a waiting prepare (no busy-wait).
 Modules, bottom up: ``_lease`` (deadlines, the lease), ``_idempotency`` (cached replies,
 resumed ids), ``_hooks`` (what a kind hands back), ``_phases`` (state and transitions),
 ``_admission`` (the gate for new work, live executions), ``_component`` (archive I/O of commit
-and restore), ``_participant`` (the operations).
+and restore), ``_commit_restore`` (the operations that do that I/O), ``_participant`` (the
+in-lock operations, the class kinds subclass).
 """
 
 from __future__ import annotations
 
 from ._hooks import (
+    BLOCKERS_REPORTED,
     Export,
     ExportRecords,
     Readiness,
@@ -48,7 +50,7 @@ from ._hooks import (
 )
 from ._idempotency import RESUMED_IDS_KEPT
 from ._lease import DEFAULT_LEASE_GRACE_SECONDS
-from ._participant import BLOCKERS_REPORTED, Participant
+from ._participant import Participant
 
 __all__ = [
     "BLOCKERS_REPORTED",

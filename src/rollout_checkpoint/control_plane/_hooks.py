@@ -12,6 +12,7 @@ from ..ids import ExecutionId
 from ..records import Record
 
 __all__ = [
+    "BLOCKERS_REPORTED",
     "Export",
     "ExportRecords",
     "Readiness",
@@ -22,6 +23,10 @@ __all__ = [
     "scope_test",
     "wrong_kind",
 ]
+
+BLOCKERS_REPORTED = 100
+"""A prepare report (or a commit's not-ready error) names at most this many of a
+:class:`Readiness`'s blockers; ``blocker_count`` is never capped."""
 
 ExportRecords = Sequence[Record] | RecordBatches
 """What an export commits: record models, or pre-encoded columnar batches (the fast path)."""
