@@ -226,5 +226,11 @@ def test_one_worker_killed_during_the_background_upload_publishes_nothing(tmp_pa
         after = coordinator.checkpoint("ck-after", deadline_s=60, publication="async")
         assert after.clean and _latest(store) == "ck-after"
         verify_checkpoint(store, "ck-after")
+        # the surviving worker's upload of the failed attempt ended before its ck-after commit
+        # began; the group drops what it staged (and the dead worker's partial copy) after that
+        end = time.monotonic() + 60
+        while staged := [i.key for i in store.list("_workers/") if "/checkpoints/ck-worker-killed/" in i.key]:
+            assert time.monotonic() < end, f"the failed attempt's staging was left behind: {staged}"
+            time.sleep(0.05)
         remote.close()
         agent.close()

@@ -405,3 +405,84 @@ def test_worker_group_commits_and_restores_on_every_store(
         assert alias is not None and alias.worker_id == holder  # old cookies find it too
         group.close()
         second.close()
+
+
+class _Versioned(ScriptedParticipant):
+    """A worker whose manifest ``extra`` names its policy version: workers that disagree make
+    the group's merge fail (``IntegrityError``), a real merge failure."""
+
+    def __init__(self) -> None:
+        super().__init__("resources", "res-0")
+        self.version = "v1"
+
+    def _manifest_extra(self) -> dict[str, Any]:
+        return {"policy_version": self.version}
+
+
+def _staged_keys(store: LocalStore, checkpoint_id: str) -> list[str]:
+    return [
+        info.key for info in store.list(f"{STAGING_PREFIX}/") if f"/checkpoints/{checkpoint_id}/" in info.key
+    ]
+
+
+def _wait_no_staging(store: LocalStore, checkpoint_id: str) -> None:
+    end = time.monotonic() + 60
+    while left := _staged_keys(store, checkpoint_id):
+        assert time.monotonic() < end, f"staging of {checkpoint_id} left behind: {left}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("fault", ["merge", "worker_commit"])
+def test_a_failed_group_commit_leaves_no_staging_and_the_next_checkpoint_publishes(
+    tmp_path: Path, fault: str
+) -> None:
+    """A failed attempt's staged copies go with its abort (the resume), only that id's; the next
+    checkpoint merges, verifies and restores its records."""
+    from fastapi import FastAPI
+
+    from rollout_checkpoint.errors import IntegrityError, InvalidPhaseError
+    from rollout_checkpoint.records import ResourceSnapshotRecord
+
+    store = LocalStore(tmp_path / "store")
+    other = f"{STAGING_PREFIX}/old0/checkpoints/ck-other/component.bin"
+    store.put(other, b"another checkpoint's staged copy")
+    with contextlib.ExitStack() as stack:
+        group = WorkerGroup(store, expected_workers=2, token=TOKEN)
+        workers = [_Versioned() for _ in range(2)]
+        for i, worker in enumerate(workers):
+            for j in range(3):
+                record = ResourceSnapshotRecord(
+                    rollout_id=f"w{i}-r{j}", attempt=0, session_id="s", revision=1, codec="json", state=b"{}"
+                )
+                worker.add(record)
+            app = FastAPI()
+            app.include_router(checkpoint_router(worker, token=TOKEN))
+            stack.enter_context(serve_thread(app, uds=str(tmp_path / f"f{i}.sock")))
+            group.register(f"old{i}", str(tmp_path / f"f{i}.sock"), os.getpid(), worker.capabilities())
+        assert group.prepare("ck-bad", time.time() + 30).ready
+        if fault == "merge":
+            workers[1].version = "v2"  # both stage their archive; the merge refuses to mix them
+            expected: type[Exception] = IntegrityError
+        else:
+            workers[1].set_blockers(["mid-turn"])  # its commit fails; the other one staged
+            expected = InvalidPhaseError
+        with pytest.raises(expected):
+            group.commit("ck-bad", store, time.time() + 30)
+        assert _staged_keys(store, "ck-bad")  # kept for a repeat until the abort
+        assert not store.exists(component_prefix("ck-bad", "resources", "res-0") + "/manifest.json")
+        group.resume("ck-bad", time.time() + 30)  # the coordinator's abort
+        _wait_no_staging(store, "ck-bad")
+        assert store.get(other) == b"another checkpoint's staged copy"  # another id's: untouched
+        workers[1].version = "v1"
+        workers[1].set_blockers([])
+        assert group.prepare("ck-good", time.time() + 30).ready
+        reply = group.commit("ck-good", store, time.time() + 30)
+        assert len(reply.executions) == 6
+        group.resume("ck-good", time.time() + 30)
+        reader = ArchiveReader.open(store, component_prefix("ck-good", "resources", "res-0"))
+        reader.verify()
+        assert reader.manifest.record_counts == {"resource_snapshot": 6}
+        assert reader.manifest.extra["policy_version"] == "v1"
+        _wait_no_staging(store, "ck-good")
+        assert store.exists(other)
+        group.close()

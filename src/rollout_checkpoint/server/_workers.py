@@ -10,7 +10,7 @@ operation reaches every worker and the answers are merged:
 * ``commit``: every worker commits into its own staging area; the group verifies each staged
   archive and writes ONE component archive with all their records, the merged ``extra`` and
   ``session_owners`` (which worker held which execution); the staging is dropped after the
-  resume, on a background thread, so its deletes never lengthen the pause. With
+  resume (a failed attempt's too), on a background thread, so its deletes never lengthen the pause. With
   ``publication="async"`` every worker freezes first (the group answers ``frozen`` once all
   have); the resume starts the collection of the staged uploads and the merge on a background
   thread (``collect`` waits for it);
@@ -23,7 +23,6 @@ operation reaches every worker and the answers are merged:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -49,16 +48,14 @@ from ..control import (
     RestoreReply,
     ResumeReply,
 )
+from ..control_plane import BLOCKERS_REPORTED
 from ..control_plane._publication import Upload, Uploads
-from ..errors import (
-    CheckpointError,
-    InvalidPhaseError,
-    StaleCheckpointError,
-)
+from ..errors import InvalidPhaseError, StaleCheckpointError
 from ..ids import ExecutionId, validate_id
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
 from ._merge import assign_owners, execution_key, merge_staged, merged_reply, session_owners
+from ._staging import STAGING_PREFIX, StagedCopies, StagingAreas, settle_uploads
 from ._wire import ParticipantUnreachableError
 
 __all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo"]
@@ -67,12 +64,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-STAGING_PREFIX = "_workers"
-"""Worker commits are staged in ``<store>/_workers/<worker_id>/`` (a store of its own, at the
-usual component keys) and deleted once the group wrote the merged archive (readers never look
-there)."""
-
-_BLOCKERS_REPORTED = 100
 RESUMED_IDS_KEPT = 1024
 
 
@@ -108,8 +99,7 @@ class WorkerGroup:
         self._resumed: OrderedDict[str, None] = OrderedDict()  # the last RESUMED_IDS_KEPT ids
         self._aliases: dict[str, str] = {}
         self._rollouts: dict[str, str] = {}
-        self._staging_stores: dict[str, ObjectStore] = {}
-        self._staged: dict[str, list[str]] = {}  # checkpoint id -> staging to drop after its resume
+        self._staging = StagingAreas()  # the staged copies a resume drops
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
         self._uploads = Uploads("worker-group", time.time)
 
@@ -277,7 +267,7 @@ class WorkerGroup:
             checkpoint_id=checkpoint_id,
             phase=Phase.PREPARED if ready else Phase.PREPARING,
             ready=ready,
-            blockers=tuple(blockers[:_BLOCKERS_REPORTED]),
+            blockers=tuple(blockers[:BLOCKERS_REPORTED]),
             blocker_count=count,
             counts=counts,
             restarts=tuple(restarts),
@@ -314,39 +304,57 @@ class WorkerGroup:
                 "workers missing"
             )
         staging = {w.worker_id: f"{target.url}/{STAGING_PREFIX}/{w.worker_id}" for w in workers}
+        copies = StagedCopies(checkpoint_id, tuple(staging.values()))
         if publication == "sync":
-            replies = self._each(
-                lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
-            )
-            reply = self._merge(
-                checkpoint_id, target, staging, replies, partial(self._not_resumed, checkpoint_id), self._lock
-            )
+            try:
+                replies = self._each(
+                    lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
+                )
+                fence = partial(self._not_resumed, checkpoint_id)
+                reply = self._merge(checkpoint_id, target, staging, replies, fence, self._lock)
+            except BaseException:
+                # kept until the abort's resume: a repeat after a lost answer merges them again
+                self._drop_after_resume(copies)
+                raise
             with self._lock:
                 self._commits[checkpoint_id] = reply
-                # garbage once the merged manifest exists; dropped after the resume (outside the pause)
-                self._staged[checkpoint_id] = list(staging.values())
+            # garbage once the merged manifest exists; dropped after the resume (outside the pause)
+            self._drop_after_resume(copies)
             return reply
         # asynchronous: every worker freezes (all of them before the coordinator resumes any);
         # after the resume the group collects their staged uploads and merges them
         self._uploads.wait_others(checkpoint_id, deadline)
-        frozen = self._each(
-            lambda w: w.client.commit(
-                checkpoint_id, staging[w.worker_id], deadline, scope, publication="async"
-            ),
-            workers,
-        )
+        # a worker that froze uploads into its staging after the resume, failed attempt or not
+        settle = partial(settle_uploads, [w.client for w in workers], checkpoint_id, deadline)
+        settled = StagedCopies(checkpoint_id, copies.urls, settle)
+        try:
+            frozen = self._each(
+                lambda w: w.client.commit(
+                    checkpoint_id, staging[w.worker_id], deadline, scope, publication="async"
+                ),
+                workers,
+            )
+        except BaseException:
+            self._drop_after_resume(settled)
+            raise
         reply = self._reply(checkpoint_id, Phase.FROZEN, None, frozen)
 
         def upload(fence: Upload) -> CommitReply:
-            # one worker's failed upload fails the group's at once (nothing can publish)
-            staged = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True)
-            reply = self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
-            for url in staging.values():  # this runs after the resume already
-                _drop_staging(self._staging(url), checkpoint_id)
+            try:
+                # one worker's failed upload fails the group's at once (nothing can publish)
+                staged = self._each(
+                    lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True
+                )
+                reply = self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
+            except BaseException:
+                self._drop_after_resume(settled, upload=True)  # once every worker's upload ended
+                raise
+            self._staging.drop([copies])  # this runs after the resume already
             return reply
 
         with self._lock:
             self._commits[checkpoint_id] = reply
+            self._staging.keep(checkpoint_id)  # a failed first try deferred a drop: the upload needs them
             self._uploads.register(checkpoint_id, 0, deadline, upload)
         return reply
 
@@ -355,6 +363,17 @@ class WorkerGroup:
         archive collected and merged into the one component archive."""
         validate_id(checkpoint_id, "checkpoint_id")
         return self._uploads.collect(checkpoint_id, deadline)
+
+    def _drop_after_resume(self, copies: StagedCopies, *, upload: bool = False) -> None:
+        """Drop ``copies`` after their checkpoint's resume (at once if it came), decided under the
+        lock the resume takes them under; what a registered upload merges only the upload drops."""
+        with self._lock:
+            if not upload and self._uploads.get(copies.checkpoint_id) is not None:
+                return
+            if copies.checkpoint_id not in self._resumed:
+                self._staging.defer(copies)
+                return
+        self._staging.drop_later([copies])
 
     def _not_resumed(self, checkpoint_id: str) -> None:
         if checkpoint_id in self._resumed:
@@ -380,21 +399,9 @@ class WorkerGroup:
         """Write ONE component archive of every worker's staged records (``merge_staged``); the
         caller drops the staging once the pause is over."""
         caps = self.capabilities()
-        stores = {wid: self._staging(staging[wid]) for wid in replies}
+        stores = {wid: self._staging.store(staging[wid]) for wid in replies}
         ref = merge_staged(target, stores, checkpoint_id, caps, replies, fence, lock)
         return self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
-
-    def _drop_staged(self, drops: list[tuple[str, str]]) -> None:
-        for checkpoint_id, url in drops:
-            _drop_staging(self._staging(url), checkpoint_id)
-
-    def _staging(self, url: str) -> ObjectStore:
-        """A worker's staging store, opened once (an S3 store builds a client when opened)."""
-        with self._lock:
-            opened = self._staging_stores.get(url)
-            if opened is None:
-                opened = self._staging_stores[url] = open_store(url)
-            return opened
 
     def restore(
         self,
@@ -465,12 +472,13 @@ class WorkerGroup:
                 self._resumed.popitem(last=False)
             self._commits.pop(checkpoint_id, None)
             # this checkpoint's staging, and any left by a commit that was never resumed
-            drops = [(cid, url) for cid, urls in self._staged.items() for url in urls]
-            self._staged.clear()
-        replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
+            drops = self._staging.take()
+        try:
+            replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
+        finally:
+            # after the workers' resume: a frozen worker's upload has started, so settling waits for it
+            self._staging.drop_later(drops)
         self._uploads.launch(checkpoint_id)  # an asynchronous commit's merge, after the workers'
-        if drops:
-            threading.Thread(target=self._drop_staged, args=(drops,), daemon=True).start()
         return ResumeReply(
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,
@@ -491,11 +499,3 @@ class WorkerGroup:
     def close(self) -> None:
         for worker in self.workers():
             worker.client.close()
-
-
-def _drop_staging(staging: ObjectStore, checkpoint_id: str) -> None:
-    """Best effort: a staged worker archive is garbage once the merged one exists (readers never
-    look under the staging prefix; one left behind by a crash is only wasted space)."""
-    with contextlib.suppress(CheckpointError, OSError):
-        for info in staging.list(layout.checkpoint_prefix(checkpoint_id) + "/"):
-            staging.delete(info.key)
