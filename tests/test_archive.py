@@ -429,6 +429,8 @@ def test_index_stream_failure_is_rebuilt_from_the_shards(
 ) -> None:
     # small index row groups, so that index rows go to the stream while shards are written
     monkeypatch.setattr("rollout_checkpoint.archive._index.INDEX_FLUSH_ROWS", 64)
+    # and a small native buffer in front of the stream, so that it writes many times
+    monkeypatch.setattr("rollout_checkpoint.archive._index._INDEX_BUFFER_BYTES", 256)
     store = FlakyStream()
     store.fail_at_write = fail_at_write
     records = make_records(400, payload_bytes=400)

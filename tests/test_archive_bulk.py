@@ -199,9 +199,10 @@ def test_write_records_refuses_what_is_not_json() -> None:
 
 
 class FailingShardStreams(LocalStore):
-    """Local disk whose shard streams fail after ``fail_after`` writes."""
+    """Local disk whose shard streams fail after ``fail_after`` writes (the first write is the
+    shard's leading magic; the encoded row groups follow in a few large writes)."""
 
-    fail_after = 3
+    fail_after = 1
 
     @contextlib.contextmanager
     def open_write(self, key: str) -> Iterator[BinaryIO]:

@@ -254,23 +254,37 @@ def _column(records: Sequence[Mapping[str, Any]], field: Field, what: str) -> li
         raise InvalidRecordError(f"cannot take {what} from a record: {exc!r}") from None
 
 
+PULSE_RECORDS = 256
+"""``encode_records`` calls its ``pulse`` after this many records (see ``ShardRotation.pulse``)."""
+
+
 def encode_records(
     records: Sequence[Mapping[str, Any]],
     key: Field,
     revision: Field | None,
     refs: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None,
+    pulse: Callable[[], None] | None = None,
 ) -> tuple[list[str], list[int], list[str], PackedPayloads, list[Any] | None, list[Any] | None]:
     """Columns of a batch of JSON-shaped records: ids and attempts from the ``rollout_id`` and
-    ``attempt`` fields, ``key``/``revision`` from a field name or a function, payloads by orjson."""
+    ``attempt`` fields, ``key``/``revision`` from a field name or a function, payloads by orjson.
+    ``pulse`` is called every ``PULSE_RECORDS`` records (the writer lets its encoder run)."""
     dumps = orjson.dumps
     data = bytearray()
     lengths: list[int] = []
     append = lengths.append
     try:
-        for r in records:
-            encoded = dumps(r)
-            data += encoded
-            append(len(encoded))
+        if pulse is None:
+            for r in records:
+                encoded = dumps(r)
+                data += encoded
+                append(len(encoded))
+        else:
+            for start in range(0, len(records), PULSE_RECORDS):
+                for r in records[start : start + PULSE_RECORDS]:
+                    encoded = dumps(r)
+                    data += encoded
+                    append(len(encoded))
+                pulse()
     except TypeError as exc:
         raise InvalidRecordError(f"a record is not JSON-serialisable: {exc}") from None
     payloads = PackedPayloads(data, lengths)

@@ -94,6 +94,19 @@ group: about 1.5 MB of index rows in memory. Building and encoding that row grou
 short +5-10 MB spike in the writer's RSS; 2,048 rows removed it, but made a cold lookup (which
 decodes the index's key columns) about 30% slower, so the index keeps the larger row groups."""
 
+_INDEX_BUFFER_BYTES = 1 << 20
+INDEX_DICTIONARY_COLUMNS = [
+    "kind",
+    "attempt",
+    "key",
+    "revision",
+    "shard",
+    "row_group",
+    "rg_offset",
+    "rg_length",
+]
+"""Columns whose values repeat (per archive, or per row group of a shard); rollout ids, refs and
+row numbers are (nearly) unique per member, so a dictionary there costs hashing and saves nothing."""
 INDEX_STATISTICS_COLUMNS = ["kind", "rollout_id", "attempt", "key", "shard"]
 _SCAN_LOOKUPS = 16
 _LOOKUP_COLUMNS = ("kind", "rollout_id", "attempt", "key", "shard", "row_group", "row")
@@ -136,12 +149,18 @@ class IndexWriter:
 
     def __init__(self, sink: BinaryIO, zstd_level: int, memory_pool: pa.MemoryPool | None = None) -> None:
         self._sink = _DigestSink(sink)
+        # a native buffer in front of the Python sink: the Parquet writer calls Python (and so
+        # takes the GIL) once per MiB rather than once per page
+        self._out = pa.BufferedOutputStream(
+            pa.PythonFile(self._sink, mode="w"), _INDEX_BUFFER_BYTES, memory_pool=memory_pool
+        )
         self._pq = open_parquet_writer(
-            self._sink,
+            self._out,
             INDEX_SCHEMA,
             compression="zstd",
             compression_level=zstd_level,
             write_statistics=INDEX_STATISTICS_COLUMNS,
+            use_dictionary=INDEX_DICTIONARY_COLUMNS,
             memory_pool=memory_pool,
         )
         self._pool = memory_pool
@@ -196,12 +215,15 @@ class IndexWriter:
         self._flush()
         self._pq.add_key_value_metadata(index_metadata(spans, footers))
         self._pq.close()
+        self._out.close()  # flushes; closes the digest sink, never the store stream under it
         return self._sink.bytes, self._sink.hexdigest()
 
     def close(self) -> None:
         """Stop without finishing (the caller discards the sink)."""
         with contextlib.suppress(Exception):
             self._pq.close()
+        with contextlib.suppress(Exception):
+            self._out.close()
         self._buffer = []
 
 

@@ -84,17 +84,25 @@ class IndexStream:
     ) -> tuple[int, str, int]:
         """Finish the object (it becomes visible); its byte length, SHA-256 and row count.
 
-        A stream that failed while the shards were written is rebuilt here from the uploaded
-        shards (``shard_keys``). A failure now is raised; the next call rebuilds and tries again.
+        A stream that failed (while the shards were written, or now, writing its last bytes) is
+        rebuilt here from the uploaded shards (``shard_keys``). Any other failure now is raised;
+        the next call rebuilds and tries again. Runs on the writer's encoder thread.
         """
         try:
-            if self.stale:
+            finished: tuple[int, str] | None = None
+            if not self.stale:
+                writer = self.writer or self._open()
+                try:  # the stream's last bytes go out now (it buffers up to a MiB natively)
+                    finished = writer.finish(spans, footers)
+                except Exception as exc:  # a failed stream is rebuilt, as during the writes
+                    self.stale = True
+                    self.drop(exc)
+            if finished is None:
                 writer = self._rebuild(shard_keys, spans)
                 self.stale = False
-            else:
-                writer = self.writer or self._open()
+                finished = writer.finish(spans, footers)
             rows = writer.rows
-            size, digest = writer.finish(spans, footers)
+            size, digest = finished
             stack = self._stack
             self.writer = None
             self._stack = None

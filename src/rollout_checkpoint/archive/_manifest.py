@@ -31,6 +31,7 @@ __all__ = [
     "IndexEntry",
     "ManifestRef",
     "ShardEntry",
+    "build_component_manifest",
     "manifest_to_bytes",
     "parse_component_manifest",
     "utc_now_iso",
@@ -139,6 +140,34 @@ def manifest_to_bytes(manifest: ComponentManifest) -> bytes:
     return json.dumps(
         manifest.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
     ).encode()
+
+
+def build_component_manifest(
+    *,
+    checkpoint_id: str,
+    participant_kind: str,
+    instance: str,
+    writer_id: str,
+    created_at: str,
+    shards: list[Any],
+    index: IndexEntry,
+    record_counts: dict[str, int],
+    extra: dict[str, JsonValue],
+) -> tuple[ComponentManifest, builtins.bytes]:
+    """A finished writer's manifest and its bytes. ``shards`` are the writer's ``ShardInfo``s
+    (slotted dataclasses with ``ShardEntry``'s fields), in upload order."""
+    manifest = ComponentManifest(
+        checkpoint_id=checkpoint_id,
+        participant_kind=participant_kind,
+        instance=instance,
+        writer_id=writer_id,
+        created_at=created_at,
+        shards=[ShardEntry(**{name: getattr(info, name) for name in info.__slots__}) for info in shards],
+        index=index,
+        record_counts=dict(sorted(record_counts.items())),
+        extra=extra,
+    )
+    return manifest, manifest_to_bytes(manifest)
 
 
 def parse_component_manifest(data: bytes | str) -> ComponentManifest:

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import hashlib
 import io
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -33,8 +34,8 @@ __all__ = ["ClosedShard", "ShardStream", "encoding_pool"]
 
 _PARQUET_MAGIC = b"PAR1"
 _BUFFER_BYTES = 1 << 20
-"""Native buffer of encoded bytes: a row group (at most ``row_group_bytes`` of payload, 1 MiB by
-default) normally fits, compressed, so it reaches Python in one piece."""
+"""Native buffer of encoded bytes: several row groups (at most ``row_group_bytes`` of payload,
+1 MiB by default, each) reach Python in one write."""
 
 
 @functools.cache
@@ -53,14 +54,26 @@ def encoding_pool() -> pa.MemoryPool:
 
 
 class _HashingSink(io.RawIOBase):
-    """Write-through file: counts and hashes every byte (whole object and current segment)."""
+    """Write-through file: counts and hashes every byte (whole object, and per row group).
+
+    The native buffer in front of it passes bytes on when it is full, so one write may hold the
+    end of one row group and the start of the next, and a row group's last bytes may arrive
+    long after it was encoded. Row-group ends are therefore registered with :meth:`mark` right
+    after each row group is encoded (before the next one starts, so no byte past a boundary can
+    arrive before the boundary is known), and each write is split at them: bytes before a
+    boundary close that row group's segment, bytes after it start the next. Bytes after the
+    last row group (the footer) belong to no segment.
+    """
 
     def __init__(self, inner: BinaryIO) -> None:
         super().__init__()
         self._inner = inner
         self._sha = hashlib.sha256()
         self._segment: Any = None
+        self._segment_start = 0
+        self._bounds: deque[int] = deque()  # ends of encoded row groups whose bytes are not all here
         self._tail: bytearray | None = None
+        self.spans: list[RowGroupSpan] = []
         self.bytes = 0
 
     def writable(self) -> bool:
@@ -68,26 +81,53 @@ class _HashingSink(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        size = len(view)
         self._inner.write(view)
         self._sha.update(view)
         if self._segment is not None:
-            self._segment.update(view)
+            pos, bounds, rest = self.bytes, self._bounds, view
+            while bounds and bounds[0] <= pos + len(rest):
+                end = bounds.popleft()
+                cut = end - pos
+                if cut < 0:
+                    raise AssertionError("bytes of a row group arrived before its start was marked")
+                self._segment.update(rest[:cut])
+                self._close_segment(end)
+                rest, pos = rest[cut:], end
+            self._segment.update(rest)
         if self._tail is not None:
             self._tail += view
-        self.bytes += len(view)
-        return len(view)
+        self.bytes += size
+        return size
+
+    def _close_segment(self, end: int) -> None:
+        start = self._segment_start
+        self.spans.append(RowGroupSpan(start, end - start, self._segment.hexdigest()))
+        self._segment = hashlib.sha256()
+        self._segment_start = end
 
     def tell(self) -> int:
         return self.bytes
 
-    def begin_segment(self) -> int:
+    def begin_segments(self) -> None:
+        """Row groups start here (after the leading magic)."""
         self._segment = hashlib.sha256()
-        return self.bytes
+        self._segment_start = self.bytes
 
-    def end_segment(self, start: int) -> RowGroupSpan:
-        digest = self._segment.hexdigest()
+    def mark(self, end: int) -> None:
+        """The row group just encoded ends at byte ``end`` (the encoder thread calls this before
+        it encodes the next one, so no byte after ``end`` can reach :meth:`write` earlier)."""
+        self._bounds.append(end)
+
+    def end_segments(self) -> None:
+        """After the last row group's bytes were handed on: close the segments still open (their
+        bytes all arrived before their mark); the footer that follows is no segment."""
+        bounds = self._bounds
+        while bounds and bounds[0] == self.bytes:
+            self._close_segment(bounds.popleft())
+        if bounds:
+            raise AssertionError("row groups were marked beyond the bytes handed on")
         self._segment = None
-        return RowGroupSpan(start, self.bytes - start, digest)
 
     def capture_tail(self) -> None:
         self._tail = bytearray()
@@ -112,14 +152,19 @@ class ClosedShard:
 
 
 class ShardStream:
-    """Encodes row groups into ``sink`` as they come; :meth:`close` writes the footer."""
+    """Encodes row groups into ``sink`` as they come; :meth:`close` writes the footer.
+
+    Only the writer's encoder thread may call it once the first row group was handed over:
+    pyarrow's stream methods take the stream's lock while holding the GIL, so a second thread
+    using the stream while the encoder writes through it to Python could deadlock.
+    """
 
     def __init__(self, sink: BinaryIO, zstd_level: int) -> None:
         self._sink = _HashingSink(sink)
-        # Arrow encodes into a native buffer; the bytes reach Python (hash, store stream) only in
-        # :meth:`finish_row_group`, which the writer calls on its own thread. The encoder thread
-        # thus runs ``write_table`` without touching Python objects: a Python write per page
-        # would take the GIL ~25 times per row group, each time waiting for the caller's thread.
+        # Arrow encodes into a native buffer; the bytes reach Python (hash, store stream) only
+        # when it is full and at close, so ``write_table`` on the encoder thread takes the GIL
+        # about once per buffer, not once per page (a Python write per page would take it ~25
+        # times per row group, each time waiting up to 5 ms for the caller's thread).
         self._out = pa.BufferedOutputStream(
             pa.PythonFile(self._sink, mode="w"), _BUFFER_BYTES, memory_pool=encoding_pool()
         )
@@ -134,49 +179,30 @@ class ShardStream:
             memory_pool=encoding_pool(),
         )
         self._out.flush()  # the leading magic, so that row group 0 starts a segment of its own
-        self._start = self._sink.begin_segment()
-        self._encoded: list[tuple[int, int, int]] = []  # (offset, length, rows) awaiting finish
-        self.encoded_row_groups = 0
-        self.spans: list[RowGroupSpan] = []
+        self._sink.begin_segments()
+        self._end = self._sink.bytes
+        self._ranges: list[tuple[int, int]] = []  # (offset, length) of each encoded row group
         self.records = 0
 
     @property
-    def bytes(self) -> int:
-        """Bytes encoded so far (handed to the sink or still in the native buffer)."""
-        return int(self._out.tell())
+    def spans(self) -> list[RowGroupSpan]:
+        """Row groups whose bytes were all handed on (offset, length, SHA-256), in order."""
+        return self._sink.spans
 
     def encode_row_group(self, table: pa.Table) -> tuple[int, int]:
-        """Encode one row group (any thread; the GIL is released while Arrow works); its byte
-        range. Bytes that do not fit the native buffer go to the sink now, so only one thread
-        may use this stream at a time; :meth:`finish_row_group` must follow before the next."""
-        start = int(self._out.tell())
+        """Encode one row group (the GIL is released while Arrow works); its byte range."""
+        start = self._end
         self._pq.write_table(table, row_group_size=max(1, table.num_rows))
-        length = int(self._out.tell()) - start
-        self._encoded.append((start, length, table.num_rows))
-        self.encoded_row_groups += 1
-        return start, length
-
-    def finish_row_group(self) -> RowGroupSpan:
-        """Hand the encoded row group to the sink; its byte range and SHA-256 (segments run
-        from one row-group boundary to the next, so bytes passed on early are covered too)."""
-        self._out.flush()
-        span = self._sink.end_segment(self._start)
-        self._start = self._sink.begin_segment()
-        offset, length, rows = self._encoded.pop(0)
-        if (span.offset, span.length) != (offset, length):
-            raise AssertionError("the bytes handed on differ from the row group's encoded range")
-        self.spans.append(span)
-        self.records += rows
-        return span
-
-    def write_row_group(self, table: pa.Table) -> RowGroupSpan:
-        """:meth:`encode_row_group` then :meth:`finish_row_group`, on one thread."""
-        self.encode_row_group(table)
-        return self.finish_row_group()
+        self._end = end = int(self._out.tell())
+        self._sink.mark(end)
+        self._ranges.append((start, end - start))
+        self.records += table.num_rows
+        return start, end - start
 
     def close(self) -> ClosedShard:
         """Write the footer; check that the footer's row groups are the spans hashed."""
-        self._sink.end_segment(self._start)
+        self._out.flush()
+        self._sink.end_segments()
         self._sink.capture_tail()
         self._pq.close()
         self._out.close()  # flushes; closes the hashing sink, never the store stream under it
@@ -186,16 +212,16 @@ class ShardStream:
             raise AssertionError("the Parquet writer's footer did not arrive as one tail")
         footer = tail[:-8]
         metadata = metadata_from_footer(footer)
-        if [(s.offset, s.length) for s in self.spans] != row_group_spans(metadata) or (
-            metadata.num_rows != self.records
-        ):
+        spans = self.spans
+        hashed = [(s.offset, s.length) for s in spans]
+        if hashed != self._ranges or hashed != row_group_spans(metadata) or metadata.num_rows != self.records:
             raise AssertionError("row-group byte ranges differ from the ones hashed while writing")
         size = self._sink.bytes
         return ClosedShard(
             size=size,
             sha256=self._sink.hexdigest(),
             records=self.records,
-            spans=self.spans,
+            spans=spans,
             footer=footer,
             footer_offset=size - 8 - len(footer),
         )

@@ -2,9 +2,17 @@
 
 Each full row group is handed over as an Arrow table; :class:`ShardRotation` encodes it on one
 background thread (Parquet encoding and zstd release the GIL, so the caller keeps producing the
-next row group meanwhile) into the open shard (``_shard.ShardStream``), and streams its index
-rows. A shard is closed when the writer says so: streamed shards are finished on the store at
-once, buffered ones wait (``pending``) for one ``put`` that a failure lets the next call retry.
+next row groups meanwhile) into the open shard (``_shard.ShardStream``), and the same job
+streams its index rows (``IndexStream``). Up to ``MAX_INFLIGHT`` row groups may wait for or be
+in encoding, so the caller rarely waits for the encoder. Every Parquet write of the writer (row
+groups, shard footers, the index) runs on that one thread: a second thread writing Parquet
+keeps its own allocator state resident (about 12 MB more, measured with pyarrow 26), and
+pyarrow's stream methods must not be called from two threads at once (they take the stream's
+lock while holding the GIL). The encoded bytes reach the shard's sink (hash, store stream)
+from that thread too, whenever the native buffer in front of it fills.
+
+A shard is closed when the writer says so: streamed shards are finished on the store at once,
+buffered ones wait (``pending``) for one ``put`` that a failure lets the next call retry.
 Nothing here imports pydantic: shard entries are plain :class:`ShardInfo` until commit.
 """
 
@@ -13,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -26,9 +37,17 @@ from ._index_stream import IndexStream
 from ._schema import INDEX_MEMBER_COLUMNS, join_key, shard_name
 from ._shard import ShardStream
 
-__all__ = ["ShardInfo", "ShardRotation", "streams_natively"]
+__all__ = ["MAX_INFLIGHT", "ShardInfo", "ShardRotation", "streams_natively"]
 
 _DEFAULT_POOL = pa.default_memory_pool()
+MAX_INFLIGHT = 2
+"""Row groups handed to the encoder thread and not yet collected, at most (the writer holds them
+plus the open one). Two let a batch cut a row group while the previous one still encodes; three
+measured no faster in ``benchmarks/peer_store.py`` and hold one more row group."""
+RELEASE_EVERY = 8
+"""The encoder thread hands freed pool pages back every this many row groups (each call costs
+about as much as encoding a tenth of a row group; every row group cost ~10% of the encoder)."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +89,8 @@ def streams_natively(store: ObjectStore) -> bool:
 
 
 class ShardRotation:
-    """The shards of one writer; not thread-safe (the writer's thread calls it).
+    """The shards of one writer; not thread-safe (the writer's thread calls it, and it runs the
+    Parquet work on its encoder thread).
 
     A failure that loses records already taken (encoding, opening or finishing a streamed shard)
     sets :attr:`broken` and raises ``ArchiveStateError``: the writer must be aborted.
@@ -93,15 +113,15 @@ class ShardRotation:
         self.index = index
         self.broken: BaseException | None = None
         self.encoded_bytes = 0  # size of the open shard's Parquet stream (changes per row group)
-        self.inflight_bytes = 0  # payload bytes of the row group on the encoder thread
+        self.inflight_bytes = 0  # payload bytes of the row groups handed to the encoder thread
         self.pending: _EncodedShard | None = None
         self.shards: list[ShardInfo] = []
         # per uploaded shard (not per member): row-group spans and the raw Parquet footer
         self.meta: list[tuple[list[RowGroupSpan], bytes]] = []
         self._seq = 0
         self._encoder: ThreadPoolExecutor | None = None
-        self._job: Future[tuple[int, int]] | None = None
-        self._members: tuple[int, int, pa.Table] = (0, 0, pa.table({}))
+        self._jobs: deque[tuple[Future[tuple[int, int]], int]] = deque()  # (job, payload bytes), in order
+        self._row_groups = 0  # row groups handed over for the open shard
         self._shard: ShardStream | None = None
         self._shard_key = ""
         self._stack: contextlib.ExitStack | None = None
@@ -111,12 +131,22 @@ class ShardRotation:
         self.broken = exc
         return ArchiveStateError(message, prefix=self.prefix)
 
+    # -- the encoder thread -----------------------------------------------------------------
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._encoder is None:
+            self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
+        return self._encoder
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the encoder thread after the jobs before it, and wait for it
+        (opening and closing shards and the index: every Parquet write on one thread)."""
+        return self._executor().submit(fn, *args).result()
+
     # -- row groups -----------------------------------------------------------------------
     def encode(self, table: pa.Table, payload_bytes: int) -> None:
-        """Encode one row group on the encoder thread (one in flight at most: the previous one
-        is finished first, so the caller holds at most two row groups). The previous row
-        group's index rows are streamed here, on the caller's thread, while this one encodes."""
-        done = self.sync()
+        """Hand one row group to the encoder thread, which encodes it into the open shard and
+        then streams its index rows. Waits only while ``MAX_INFLIGHT`` row groups are queued."""
+        self.sync(MAX_INFLIGHT - 1)
         shard = self._shard
         if shard is None:
             try:
@@ -126,48 +156,47 @@ class ShardRotation:
                     exc,
                     f"opening a shard of {self.prefix!r} failed: {exc!r}; abort and write the archive again",
                 ) from exc
-        self.inflight_bytes = payload_bytes
-        if self._encoder is None:
-            self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archive-encoder")
         # the shard's position in the manifest is its sequence number
-        members = (self._seq - 1, shard.encoded_row_groups, table.select(INDEX_MEMBER_COLUMNS))
-        self._job = self._encoder.submit(_encode_job, shard, table)
-        self._members = members
-        if done is not None:
-            self.index.add(*done)
+        job = self._executor().submit(_encode_job, shard, table, self.index, self._seq - 1, self._row_groups)
+        self._row_groups += 1
+        self._jobs.append((job, payload_bytes))
+        self.inflight_bytes += payload_bytes
 
-    def sync(self) -> tuple[int, int, pa.Table, int, int] | None:
-        """Wait for the row group being encoded, then hand its bytes to the shard's sink (hash,
-        store stream) here on the caller's thread, so that the encoder thread's ``write_table``
-        never calls into Python. An encoding or store failure breaks the writer.
+    def pulse(self) -> None:
+        """Let the encoder thread take the GIL now if it waits for it (the writer's thread calls
+        this every few hundred records while it encodes a batch in Python).
 
-        Returns the row group's index rows (shard, row group, member columns, byte range) for
-        ``IndexStream.add``, which the caller streams."""
-        job = self._job
-        if job is None:
-            return None
-        self._job = None
-        self.inflight_bytes = 0
-        shard = self._shard
+        The encoder needs the GIL for a moment between two native calls (after encoding a row
+        group, to start the next); a thread running Python keeps it for up to the interpreter's
+        switch interval (5 ms) before it must hand it over, which stalled the encoder about once
+        per row group. ``time.sleep(0)`` hands it over at once, and costs a system call when
+        nobody waits. Only while a row group is queued or being encoded."""
+        jobs = self._jobs
+        if jobs and not jobs[-1][0].done():
+            time.sleep(0)
+
+    def sync(self, keep: int = 0) -> None:
+        """Collect the encoded row groups, waiting until at most ``keep`` are still queued. An
+        encoding or store failure (the encoder hands bytes on to the store) breaks the writer."""
+        jobs = self._jobs
         try:
-            offset, length = job.result()
-            if shard is None:
-                raise AssertionError("a row group was encoded with no open shard")
-            shard.finish_row_group()
+            while jobs and (len(jobs) > keep or jobs[0][0].done()):
+                job, payload_bytes = jobs[0]
+                offset, length = job.result()
+                jobs.popleft()
+                self.inflight_bytes -= payload_bytes
+                self.encoded_bytes = offset + length
         except BaseException as exc:
+            self._drain()
             raise self._fail(exc, f"encoding a row group failed: {exc!r}") from exc
-        self.encoded_bytes = shard.bytes
-        seq, row_group, members = self._members
-        return seq, row_group, members, offset, length
 
-    def _sync_and_index(self) -> None:
-        done = self.sync()
-        if done is not None:
-            self.index.add(*done)
-        # Parquet's page and compression buffers come from Arrow's default pool whatever pool
-        # the writer is given; mimalloc's there keeps freed pages of this thread for reuse (about
-        # 20 MB more resident while writing), so they go back now (mimalloc: ``mi_collect``)
-        _DEFAULT_POOL.release_unused()
+    def _drain(self) -> None:
+        """Wait out the queued jobs after a failure (their results no longer matter)."""
+        while self._jobs:
+            job, _ = self._jobs.popleft()
+            with contextlib.suppress(BaseException):
+                job.result()
+        self.inflight_bytes = 0
 
     # -- shards ---------------------------------------------------------------------------
     def _open_shard(self) -> ShardStream:
@@ -182,11 +211,13 @@ class ShardRotation:
         else:
             sink = self._buffer = io.BytesIO()
         self._shard_key = key
-        self._shard = ShardStream(sink, self.zstd_level)
+        self._row_groups = 0
+        self._shard = self.run(ShardStream, sink, self.zstd_level)
         return self._shard
 
     def discard(self, exc: BaseException) -> None:
         """Drop the open shard; a streamed one is discarded by its store stream."""
+        self._drain()
         shard, stack = self._shard, self._stack
         self._shard = None
         self._stack = None
@@ -201,14 +232,14 @@ class ShardRotation:
     def finish_shard(self) -> None:
         """Close the open shard (its row groups must be handed over already): a streamed one is
         finished on the store now (and recorded); a buffered one becomes :attr:`pending`."""
-        self._sync_and_index()
+        self.sync()
         shard = self._shard
         if shard is None:
             return
         if self.pending is not None:
             raise AssertionError("a shard is still waiting for upload")
         try:
-            closed = shard.close()
+            closed = self.run(shard.close)
             if self._stack is not None:
                 self._stack.close()  # local disk: fsync + rename; S3: the upload completes
                 self._stack = None
@@ -255,16 +286,23 @@ class ShardRotation:
 
     def shutdown(self) -> None:
         """Stop the encoder thread (after its last job)."""
+        self._drain()
         if self._encoder is not None:
             self._encoder.shutdown(wait=True)
             self._encoder = None
 
 
-def _encode_job(shard: ShardStream, table: pa.Table) -> tuple[int, int]:
-    """The encoder thread's work for one row group: encode it (no GIL); its byte range."""
-    span = shard.encode_row_group(table)
-    # Parquet's page and compression buffers come from Arrow's default pool whatever pool the
-    # writer is given; mimalloc's there keeps this thread's freed pages for reuse (about 20 MB
-    # more resident while writing), so they go back now (mimalloc: ``mi_collect``)
-    _DEFAULT_POOL.release_unused()
-    return span
+def _encode_job(
+    shard: ShardStream, table: pa.Table, index: IndexStream, seq: int, row_group: int
+) -> tuple[int, int]:
+    """The encoder thread's work for one row group: encode it (no GIL), then stream its index
+    rows (shard, row group, member columns, byte range); the byte range."""
+    offset, length = shard.encode_row_group(table)
+    index.add(seq, row_group, table.select(INDEX_MEMBER_COLUMNS), offset, length)
+    del table
+    if row_group % RELEASE_EVERY == 0:
+        # Parquet's page and compression buffers come from Arrow's default pool whatever pool
+        # the writer is given; mimalloc's there keeps this thread's freed pages for reuse, so
+        # they go back now and then (mimalloc: ``mi_collect``, about 0.5 ms a call)
+        _DEFAULT_POOL.release_unused()
+    return offset, length

@@ -6,9 +6,8 @@ Why it looks like this (measured in docs/benchmarks.md, ``peer_store.py``):
   become Arrow record batches at once (``_rowgroup``: payloads packed into one buffer, no
   per-member Python object or Arrow call); single members (``write`` / ``write_raw``) are
   appended to column lists, converted once per row group.
-* Each full row group goes to ``_shards.ShardRotation``: encoded on a background thread (Parquet
-  and zstd release the GIL) straight out through SHA-256 into the shard object (or an in-memory
-  shard on stores without streaming writes), so the writer holds about two row groups whatever
+* Each full row group goes to ``_shards.ShardRotation``, which encodes it on its encoder thread
+  straight out through SHA-256 into the shard object, so the writer's memory does not grow with
   the shard size. Only the manifest, written last with ``put_if_absent``, makes a shard part of
   the checkpoint; shards of an aborted writer are garbage for retention to collect.
 * The member index is streamed into one object row group by row group; what stays for the whole
@@ -71,7 +70,7 @@ class ArchiveWriter:
     exist for readers) and a clean exit commits if :meth:`commit` was not called.
 
     ``stream_shards`` (default: whether the store streams natively, see :func:`streams_natively`)
-    streams each shard into its object as it is encoded, so memory stays at about two row groups;
+    streams each shard into its object as it is encoded, so memory stays at about three row groups;
     a store error while streaming then breaks the writer (``ArchiveStateError``: abort and write
     the archive again). Without it a shard is encoded in memory and uploaded with one ``put``; a
     failed upload is retried by the next write or commit.
@@ -106,8 +105,7 @@ class ArchiveWriter:
         self.target_shard_bytes = target_shard_bytes
         self.row_group_rows = row_group_rows
         # Row groups are also cut by bytes (never above a quarter shard), so a few huge records
-        # cannot make one row group (the unit a lookup downloads, and what the writer holds
-        # while encoding) large.
+        # cannot make one row group (the unit a lookup downloads, and the writer holds) large.
         self.row_group_bytes = max(1, min(row_group_bytes, target_shard_bytes // 4))
         self.zstd_level = zstd_level
         self.stream_shards = streams_natively(store) if stream_shards is None else bool(stream_shards)
@@ -166,7 +164,7 @@ class ArchiveWriter:
         A shard is closed when its *uncompressed* payload reaches ``target_shard_bytes`` (or its
         buffered bytes do, for key-heavy records), so stored shards are about target / compression
         ratio and the writer's peak memory stays a small multiple of that. A streamed shard's
-        encoded bytes are already on the store, so only the row groups count."""
+        encoded bytes go on to the store (at most a MiB waits), so only the row groups count."""
         shards = self._shards
         held = 0 if self.stream_shards else shards.encoded_bytes
         return held + shards.inflight_bytes + self._rg.payload_bytes
@@ -268,7 +266,7 @@ class ArchiveWriter:
         are not validated against the record model: readers decode them with it, so the caller
         must write the model's JSON shape (use :meth:`write` for models).
         """
-        columns = encode_records(records, key, revision, refs)
+        columns = encode_records(records, key, revision, refs, self._shards.pulse)
         rollout_ids, attempts, keys, payloads, revisions, refs_list = columns
         self.write_columns(
             kind,
@@ -353,15 +351,8 @@ class ArchiveWriter:
             self._finish_shard()
 
     def _refuse(self) -> None:
-        state = (
-            "committed"
-            if self._manifest
-            else "aborted"
-            if self._aborted
-            else "broken"
-            if self._failure() is not None
-            else "being committed"
-        )
+        states = [(self._manifest, "committed"), (self._aborted, "aborted"), (self._failure(), "broken")]
+        state = next((name for flag, name in states if flag), "being committed")
         raise ArchiveStateError(f"archive {self.prefix!r} is {state}; no more writes", prefix=self.prefix)
 
     def _duplicate_error(self, ident: tuple[str, str, int, str]) -> InvalidRecordError:
@@ -399,7 +390,9 @@ class ArchiveWriter:
     def _close_index(self) -> tuple[int, str, int]:
         """Finish the index object; its length, digest and rows go into the manifest."""
         shards = self._shards
-        return self._index.close(
+        # on the encoder thread, like every Parquet write of this writer (see ``_shards``)
+        return shards.run(
+            self._index.close,
             [join_key(self.prefix, info.key) for info in shards.shards],
             [spans for spans, _ in shards.meta],
             [footer for _, footer in shards.meta],
@@ -408,15 +401,11 @@ class ArchiveWriter:
     def _check_duplicates(self) -> None:
         """Commit-time duplicate check: sort the member hashes; only members whose hashes collide
         are compared exactly, by reading their identities back from the (closed) index."""
-        if self._duplicates_checked:
-            return
-        positions = colliding_positions(self._hashes)
-        if positions:
-            ident = self._index.first_duplicate(positions)
-            if ident is not None:
-                exc = self._duplicate_error(ident)
-                self._broken = exc
-                raise exc
+        positions = [] if self._duplicates_checked else colliding_positions(self._hashes)
+        ident = self._index.first_duplicate(positions) if positions else None
+        if ident is not None:
+            self._broken = self._duplicate_error(ident)
+            raise self._broken
         self._duplicates_checked = True
 
     # -- committing -------------------------------------------------------------------------
@@ -449,22 +438,24 @@ class ArchiveWriter:
         self._shards.shutdown()
         self._check_duplicates()
         # pydantic (the manifest models) is imported only now: streaming the shards never needs it
-        from ._manifest import ComponentManifest, IndexEntry, ManifestRef, ShardEntry, manifest_to_bytes
+        from ._manifest import IndexEntry, ManifestRef, build_component_manifest
 
         if self._candidate is None or self._candidate[0] != extra_dict:
             size, digest, rows = self._index_entry
-            manifest = ComponentManifest(
-                checkpoint_id=self.checkpoint_id,
-                participant_kind=self.participant_kind,
-                instance=self.instance,
-                writer_id=self.writer_id,
-                created_at=self._created_at,
-                shards=[ShardEntry(**_fields(info)) for info in self._shards.shards],
-                index=IndexEntry(key=index_name(self.writer_id), bytes=size, sha256=digest, rows=rows),
-                record_counts=dict(sorted(self._record_counts.items())),
-                extra=extra_dict,
+            self._candidate = (
+                extra_dict,
+                *build_component_manifest(
+                    checkpoint_id=self.checkpoint_id,
+                    participant_kind=self.participant_kind,
+                    instance=self.instance,
+                    writer_id=self.writer_id,
+                    created_at=self._created_at,
+                    shards=self._shards.shards,
+                    index=IndexEntry(key=index_name(self.writer_id), bytes=size, sha256=digest, rows=rows),
+                    record_counts=self._record_counts,
+                    extra=extra_dict,
+                ),
             )
-            self._candidate = (extra_dict, manifest, manifest_to_bytes(manifest))
         _, manifest, data = self._candidate
         try:
             self.store.put_if_absent(self.manifest_key, data)
@@ -509,8 +500,3 @@ class ArchiveWriter:
 
     def __repr__(self) -> str:
         return f"ArchiveWriter({self.store!r}, {self.prefix!r}, writer_id={self.writer_id!r})"
-
-
-def _fields(info: Any) -> dict[str, Any]:
-    """A ``ShardInfo``'s fields (a slotted dataclass) as keyword arguments."""
-    return {name: getattr(info, name) for name in info.__slots__}
