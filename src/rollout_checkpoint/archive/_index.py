@@ -18,6 +18,7 @@ import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import pyarrow as pa
@@ -267,6 +268,7 @@ class MemberIndex:
         self._metadata: dict[int, pq.FileMetaData] = {}
         self._positions: dict[tuple[str, str, int, str], int] | None = None
         self._lookups = 0
+        self._located: dict[int, tuple[int, int, int]] = {}  # position -> (shard, row group, row)
 
     @classmethod
     def from_bytes(cls, data: bytes, shard_count: int) -> MemberIndex:
@@ -359,6 +361,11 @@ class MemberIndex:
         dict of every member is built, then each lookup is O(1)."""
         if self._positions is None and self._lookups < _SCAN_LOOKUPS:
             self._lookups += 1
+            groups = self._row_groups_with(rollout_id)
+            if len(groups) < self._pf.metadata.num_row_groups and any(
+                name not in self._columns for name in _LOOKUP_COLUMNS
+            ):
+                return self._scan_row_groups(groups, kind, rollout_id, attempt, key)
             self.load(*_LOOKUP_COLUMNS)
             mask = compute("equal", self.column("rollout_id"), pa.scalar(rollout_id))
             for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
@@ -370,8 +377,57 @@ class MemberIndex:
             self._positions = {ident: i for i, ident in enumerate(zip(*cols, strict=True))}
         return self._positions.get((kind, rollout_id, attempt, key))
 
+    def _row_groups_with(self, rollout_id: str) -> list[int]:
+        """Index row groups whose ``rollout_id`` statistics (min/max, which the writer records)
+        may hold ``rollout_id``: all of them unless the ids were written roughly in order."""
+        metadata = self._pf.metadata
+        column = INDEX_SCHEMA.get_field_index("rollout_id")
+        groups = []
+        for rg in range(metadata.num_row_groups):
+            stats = metadata.row_group(rg).column(column).statistics
+            # UTF-8 byte order (Parquet's order for strings) is code-point order, as str compares
+            if stats is None or not stats.has_min_max or stats.min <= rollout_id <= stats.max:
+                groups.append(rg)
+        return groups
+
+    def _scan_row_groups(
+        self, groups: list[int], kind: str, rollout_id: str, attempt: int, key: str
+    ) -> int | None:
+        """A cold lookup that decodes only the index row groups ``groups`` (the others cannot
+        hold the member); remembers where the member is for :meth:`locate`."""
+        metadata = self._pf.metadata
+        starts = list(
+            accumulate((metadata.row_group(rg).num_rows for rg in range(metadata.num_row_groups)), initial=0)
+        )
+        try:
+            table = self._pf.read_row_groups(groups, columns=list(_LOOKUP_COLUMNS), use_threads=False)
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidRecordError(f"member index row groups {groups} are not readable: {exc}") from None
+        mask = compute("equal", table["rollout_id"], pa.scalar(rollout_id))
+        for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
+            mask = compute("and", mask, compute("equal", table[name], pa.scalar(value)))
+        rows = compute("indices_nonzero", mask)
+        if not len(rows):
+            return None
+        local = int(rows[0].as_py())
+        for rg in groups:  # the table's rows are the groups' rows, in order
+            n = starts[rg + 1] - starts[rg]
+            if local < n:
+                break
+            local -= n
+        position = int(starts[rg]) + local
+        found = table.slice(int(rows[0].as_py()), 1)
+        self._located[position] = (
+            int(found["shard"][0].as_py()),
+            int(found["row_group"][0].as_py()),
+            int(found["row"][0].as_py()),
+        )
+        return position
+
     def locate(self, position: int) -> tuple[int, int, int]:
         """(shard, row group, row) of the member at ``position``."""
+        if position in self._located:
+            return self._located[position]
         return tuple(int(self.column(name)[position].as_py()) for name in ("shard", "row_group", "row"))  # type: ignore[return-value]
 
     def member_at(self, position: int) -> MemberRef:
