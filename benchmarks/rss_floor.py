@@ -31,17 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, median
+from _common import machine_info, median, peak_rss_mb
 
 STEPS = ("baseline", "pyarrow_import", "arrow_tables", "naive_parquet", "sdk")
-
-
-def _peak_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise SystemExit("no VmHWM in /proc/self/status (Linux only)")
 
 
 def child(step: str, records: int, target: str) -> float:
@@ -84,7 +76,7 @@ def child(step: str, records: int, target: str) -> float:
             del table
         if writer is not None:
             writer.close()
-    return _peak_mb()
+    return peak_rss_mb()
 
 
 def run_child(step: str, records: int) -> float:

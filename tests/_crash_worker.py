@@ -20,19 +20,13 @@ import signal
 import sys
 import threading
 
-from _protocol_fakes import Deployment, FakeTokens
+from _protocol_fakes import Deployment, FakeTokens, populate
 from rollout_checkpoint.store import LocalStore
 
 
 def _deployment(root: str) -> Deployment:
     store = LocalStore(root, fsync=False)
     return Deployment(store, token_source=FakeTokens(store))
-
-
-def _populate(dep: Deployment) -> None:
-    dep.resumable("cont", tokens=dep.coordinator.token_source)
-    dep.completed("done")
-    dep.running("ronly", restart_only=True)
 
 
 def _pattern(step: str) -> str:
@@ -54,11 +48,11 @@ def main(argv: list[str]) -> int:
 
 def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
     if mode == "baseline":
-        _populate(dep)
+        populate(dep, dep.coordinator.token_source, queued=False)
         print(json.dumps({"checkpoint_id": dep.coordinator.checkpoint("ck-baseline").checkpoint_id}))
         return 0
     if mode == "steps":
-        _populate(dep)
+        populate(dep, dep.coordinator.token_source, queued=False)
         steps: list[str] = []
         dep.coordinator.fault_hook = steps.append
         dep.coordinator.checkpoint("ck-steps")
@@ -66,7 +60,7 @@ def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
         return 0
     if mode == "crash":
         k, cid = int(argv[2]), argv[3]
-        _populate(dep)
+        populate(dep, dep.coordinator.token_source, queued=False)
         seen = [0]
 
         def hook(step: str) -> None:
@@ -79,7 +73,7 @@ def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
         dep.coordinator.checkpoint(cid)
         return 3  # the step was never reached
     if mode == "async-steps":
-        _populate(dep)
+        populate(dep, dep.coordinator.token_source, queued=False)
         patterns: list[str] = []
         lock = threading.Lock()
 
@@ -93,7 +87,7 @@ def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
         return 0
     if mode == "async-crash":
         pattern, cid = argv[2], argv[3]
-        _populate(dep)
+        populate(dep, dep.coordinator.token_source, queued=False)
 
         reported = threading.Event()
 

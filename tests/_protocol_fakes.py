@@ -9,6 +9,7 @@ the test (any records, restarts, blockers).
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -16,6 +17,8 @@ from rollout_checkpoint.control import CheckpointMode, ParticipantKind, Phase
 from rollout_checkpoint.control_plane import Export, Participant, Readiness
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.ids import ExecutionId
+from rollout_checkpoint.manifests import read_latest
+from rollout_checkpoint.published import list_published
 from rollout_checkpoint.records import (
     AgentBoundaryRecord,
     ModelCallLineageRecord,
@@ -24,7 +27,7 @@ from rollout_checkpoint.records import (
     TokenStoreReceipt,
 )
 from rollout_checkpoint.registry import LiveExecutionRegistry
-from rollout_checkpoint.store import ObjectStore
+from rollout_checkpoint.store import MemoryStore, ObjectStore
 
 
 def ex(rollout_id: str, attempt: int = 0) -> ExecutionId:
@@ -289,3 +292,31 @@ class FakeTokens:
 
 def executions(items: Iterable[ExecutionId]) -> list[tuple[str, int]]:
     return sorted((e.rollout_id, e.attempt) for e in items)
+
+
+class InjectedFault(RuntimeError):
+    """What a test's fault hook raises."""
+
+
+def memory_store(prefix: str) -> MemoryStore:
+    """A memory store of its own (fsspec's memory filesystem is shared by name)."""
+    return MemoryStore(f"{prefix}-{uuid.uuid4().hex}")
+
+
+def populate(dep: Deployment, tokens: FakeTokens | None, *, queued: bool = True) -> None:
+    """The standard mix: a resumable rollout, a completed one, a dispatched one that never ran
+    (unless ``queued`` is False) and a restart-only one."""
+    dep.resumable("cont", tokens=tokens)
+    dep.completed("done")
+    if queued:
+        dep.dispatch("queued")
+    dep.running("ronly", restart_only=True)
+
+
+def published_ids(store: ObjectStore) -> list[str]:
+    return sorted(p.checkpoint_id for p in list_published(store))
+
+
+def latest_id(store: ObjectStore) -> str | None:
+    pointer = read_latest(store)
+    return None if pointer is None else pointer[0].checkpoint_id

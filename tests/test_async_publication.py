@@ -7,13 +7,22 @@ from __future__ import annotations
 import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from _protocol_fakes import Deployment, FakeTokens, ScriptedParticipant, ex
+from _protocol_fakes import (
+    Deployment,
+    FakeTokens,
+    InjectedFault,
+    ScriptedParticipant,
+    ex,
+    latest_id,
+    memory_store,
+    populate,
+    published_ids,
+)
 from _reference_world import RealWorld
 from rollout_checkpoint import layout
 from rollout_checkpoint.archive import ArchiveReader
@@ -26,35 +35,9 @@ from rollout_checkpoint.control import (
 )
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import DeadlineExceededError, InvalidPhaseError
-from rollout_checkpoint.manifests import read_latest
-from rollout_checkpoint.published import list_published
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
-from rollout_checkpoint.store import MemoryStore, ObjectStore
-
-
-class InjectedFault(RuntimeError):
-    pass
-
-
-def _fresh_store() -> MemoryStore:
-    return MemoryStore(f"async-{uuid.uuid4().hex}")
-
-
-def _populate(dep: Deployment) -> None:
-    dep.resumable("cont", tokens=dep.coordinator.token_source)
-    dep.completed("done")
-    dep.dispatch("queued")
-    dep.running("ronly", restart_only=True)
-
-
-def _published(store: ObjectStore) -> list[str]:
-    return sorted(p.checkpoint_id for p in list_published(store))
-
-
-def _latest(store: ObjectStore) -> str | None:
-    pointer = read_latest(store)
-    return None if pointer is None else pointer[0].checkpoint_id
+from rollout_checkpoint.store import ObjectStore
 
 
 def _classes(plan: RecoveryPlan) -> dict[str, tuple[str, int]]:
@@ -75,7 +58,7 @@ def _components(store: ObjectStore, cid: str) -> dict[str, tuple[list[dict[str, 
 
 @pytest.fixture()
 def dep() -> Iterator[Deployment]:
-    store = _fresh_store()
+    store = memory_store("async")
     deployment = Deployment(store, token_source=FakeTokens(store))
     yield deployment
     deployment.close()
@@ -85,12 +68,12 @@ def dep() -> Iterator[Deployment]:
 
 
 def test_async_checkpoint_verifies_and_classifies_exactly_like_a_sync_one(dep: Deployment) -> None:
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     sync = dep.coordinator.checkpoint("ck-sync")
     handle = dep.coordinator.checkpoint_async("ck-async")
     outcome = handle.result(timeout=60)
     assert handle.done() and outcome.clean and outcome.publication == "async"
-    assert outcome.record.sequence == sync.record.sequence + 1 and _latest(dep.store) == "ck-async"
+    assert outcome.record.sequence == sync.record.sequence + 1 and latest_id(dep.store) == "ck-async"
     assert outcome.pause_seconds == handle.pause_seconds <= outcome.timings["resume"] + outcome.pause_seconds
     for cid in ("ck-sync", "ck-async"):
         verify_checkpoint(dep.store, cid)
@@ -132,9 +115,9 @@ def _pattern(step: str) -> str:
 
 
 def _async_steps() -> list[str]:
-    store = _fresh_store()
+    store = memory_store("async")
     dep = Deployment(store, token_source=FakeTokens(store))
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     dep.coordinator.checkpoint("ck-baseline")
     steps: list[str] = []
     lock = threading.Lock()
@@ -165,10 +148,10 @@ def test_the_async_step_list_covers_every_new_step() -> None:
 
 @pytest.mark.parametrize("step", ASYNC_STEPS, ids=[s.split("/")[-1][:40] for s in ASYNC_STEPS])
 def test_fault_at_every_async_step(step: str) -> None:
-    store = _fresh_store()
+    store = memory_store("async")
     tokens = FakeTokens(store)
     dep = Deployment(store, token_source=tokens)
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     dep.coordinator.checkpoint("ck-baseline")
     fired: list[str] = []
 
@@ -182,12 +165,12 @@ def test_fault_at_every_async_step(step: str) -> None:
         # a failed index-stream open is rebuilt by the writer; a failed resume is retried
         outcome = dep.coordinator.checkpoint("ck-async", publication="async")
         assert outcome.clean
-        assert _published(store) == ["ck-async", "ck-baseline"] and _latest(store) == "ck-async"
+        assert published_ids(store) == ["ck-async", "ck-baseline"] and latest_id(store) == "ck-async"
         verify_checkpoint(store, "ck-async")
     elif step == "latest":
         outcome = dep.coordinator.checkpoint("ck-async", publication="async")
-        assert not outcome.clean and _latest(store) == "ck-baseline"
-        assert _published(store) == ["ck-async", "ck-baseline"]
+        assert not outcome.clean and latest_id(store) == "ck-baseline"
+        assert published_ids(store) == ["ck-async", "ck-baseline"]
         verify_checkpoint(store, "ck-async")
     else:
         if step.startswith(_FOREGROUND):
@@ -201,7 +184,7 @@ def test_fault_at_every_async_step(step: str) -> None:
             if isinstance(info.value, PublicationFailedError):  # a participant's upload failed
                 assert "/components/" in step and info.value.details["cause"] == "internal_error"
         assert fired, step
-        assert _published(store) == ["ck-baseline"] and _latest(store) == "ck-baseline"
+        assert published_ids(store) == ["ck-baseline"] and latest_id(store) == "ck-baseline"
         assert load_checkpoint(store).checkpoint_id == "ck-baseline"
     # invariants: participants open, registry thawed, completed result kept; the next cycle works
     assert dep.all_open(), [p.status() for p in dep.participants]
@@ -209,7 +192,7 @@ def test_fault_at_every_async_step(step: str) -> None:
     assert [r.rollout_id for r in dep.registry.pending_results()] == ["done"]
     dep.coordinator.fault_hook = None
     after = dep.coordinator.checkpoint(publication="async")
-    assert after.clean and _latest(store) == after.checkpoint_id
+    assert after.clean and latest_id(store) == after.checkpoint_id
     verify_checkpoint(store, after.checkpoint_id)
     dep.close()
 
@@ -273,7 +256,7 @@ def test_participants_work_while_the_upload_runs_and_later_state_does_not_leak(
 
 
 def test_a_new_checkpoint_waits_for_the_pending_publication(dep: Deployment) -> None:
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     gate = Gate("/components/model/")
     dep.coordinator.fault_hook = gate
     first = dep.coordinator.checkpoint_async("ck-1")
@@ -290,14 +273,14 @@ def test_a_new_checkpoint_waits_for_the_pending_publication(dep: Deployment) -> 
     second.join(60)
     one = first.result(timeout=60)
     two = results["two"]
-    assert two.record.sequence == one.record.sequence + 1 and _latest(dep.store) == "ck-2"
+    assert two.record.sequence == one.record.sequence + 1 and latest_id(dep.store) == "ck-2"
     assert load_checkpoint(dep.store, "ck-1").rollouts["queued"].disposition == "fresh_dispatch"
     assert "queued" not in load_checkpoint(dep.store, "ck-2").rollouts
     dep.coordinator.wait_until_finished()
 
 
 def test_restore_and_forget_wait_for_the_pending_publication(dep: Deployment) -> None:
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     gate = Gate("/components/resources/")
     dep.coordinator.fault_hook = gate
     handle = dep.coordinator.checkpoint_async("ck-pending")
@@ -357,7 +340,7 @@ def _manifests(store: ObjectStore, cid: str) -> list[str]:
 
 
 def test_participant_async_commit_is_idempotent_and_collect_too() -> None:
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent()
     agent.release.set()
     agent.prepare("ck-a", 2e9)
@@ -379,7 +362,7 @@ def test_participant_async_commit_is_idempotent_and_collect_too() -> None:
 
 
 def test_next_commit_waits_for_the_previous_upload() -> None:
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent()
     agent.prepare("ck-1", time.time() + 60)
     agent.commit("ck-1", store, time.time() + 60, publication="async")
@@ -401,7 +384,7 @@ def test_next_commit_waits_for_the_previous_upload() -> None:
 
 def test_deadline_passing_during_the_upload_writes_no_manifest() -> None:
     clock = Clock()
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent(clock)
     agent.prepare("ck-late", clock.now + 10)
     agent.commit("ck-late", store, clock.now + 10, publication="async")
@@ -418,7 +401,7 @@ def test_deadline_passing_during_the_upload_writes_no_manifest() -> None:
 
 def test_lease_expiry_before_the_resume_cancels_the_upload() -> None:
     clock = Clock()
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent(clock, grace=5.0)
     agent.release.set()
     agent.prepare("ck-lost", clock.now + 10)
@@ -438,7 +421,7 @@ def test_lease_expiry_before_the_resume_cancels_the_upload() -> None:
 
 def test_collect_alone_never_starts_the_upload() -> None:
     """The upload starts only at the resume: collect alone waits (until its deadline)."""
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent()
     agent.release.set()
     agent.prepare("ck-wait", time.time() + 60)
@@ -452,7 +435,7 @@ def test_collect_alone_never_starts_the_upload() -> None:
 
 
 def test_a_resume_does_not_cancel_the_upload() -> None:
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent()
     agent.prepare("ck-r", 2e9)
     agent.commit("ck-r", store, 2e9, publication="async")
@@ -465,7 +448,7 @@ def test_a_resume_does_not_cancel_the_upload() -> None:
 
 
 def test_deadline_passing_during_the_background_publication_publishes_nothing(dep: Deployment) -> None:
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     dep.coordinator.checkpoint("ck-baseline")
     offset = [0.0]
     dep.coordinator.clock = lambda: time.time() + offset[0]
@@ -478,7 +461,7 @@ def test_deadline_passing_during_the_background_publication_publishes_nothing(de
     handle = dep.coordinator.checkpoint_async("ck-late", deadline_s=60)
     with pytest.raises(DeadlineExceededError):
         handle.result(timeout=60)
-    assert _published(dep.store) == ["ck-baseline"] and dep.all_open()
+    assert published_ids(dep.store) == ["ck-baseline"] and dep.all_open()
 
 
 class LossyParticipant:
@@ -506,7 +489,7 @@ class LossyParticipant:
 
 
 def test_lost_answers_of_every_async_step_are_retried(dep: Deployment) -> None:
-    _populate(dep)
+    populate(dep, dep.coordinator.token_source)
     lossy = LossyParticipant(dep.agent, {"prepare", "commit", "resume", "collect"})
     proxy: Any = lossy
     participants: list[ParticipantControl] = [proxy, dep.model, dep.resources]
@@ -533,7 +516,7 @@ def test_a_participant_without_async_support_is_refused_before_anything(dep: Dep
     coordinator = Coordinator(dep.store, [proxy, dep.model], dep.registry)
     with pytest.raises(ValueError, match="collect"):
         coordinator.checkpoint_async()
-    assert dep.all_open() and _published(dep.store) == []
+    assert dep.all_open() and published_ids(dep.store) == []
     assert coordinator.checkpoint().clean  # sync still works
 
 
@@ -546,7 +529,7 @@ def test_the_wire_freezes_collects_and_refuses_with_stable_codes() -> None:
     from _http import served
     from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant, control_app
 
-    store = _fresh_store()
+    store = memory_store("async")
     agent = SlowAgent()
     agent.release.set()
     auth = {"Authorization": "Bearer tok-wire"}
@@ -595,7 +578,7 @@ def test_a_sync_only_participant_behind_the_router_refuses_async() -> None:
 
     agent = _agent_with_record()
     proxy: Any = SyncOnly(agent)
-    with served(control_app(proxy, token="tok-wire", store=_fresh_store())) as url:
+    with served(control_app(proxy, token="tok-wire", store=memory_store("async"))) as url:
         auth = {"Authorization": "Bearer tok-wire"}
         body = {"checkpoint_id": "ck-s", "deadline_ts": time.time() + 60}
         refused = httpx.post(f"{url}{CHECKPOINT_ROUTE_PREFIX}/collect", json=body, headers=auth)

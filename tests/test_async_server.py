@@ -19,13 +19,12 @@ import httpx
 import pytest
 
 from _async_build import HOLD_ENV
-from _protocol_fakes import ScriptedParticipant
+from _protocol_fakes import ScriptedParticipant, latest_id
 from conftest import _free_port
 from rollout_checkpoint.archive import ArchiveReader
 from rollout_checkpoint.control import Phase, PublicationFailedError
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.layout import component_prefix
-from rollout_checkpoint.manifests import read_latest
 from rollout_checkpoint.published import list_published
 from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
@@ -162,15 +161,10 @@ def test_async_checkpoint_over_http_resumes_before_the_upload(tmp_path: Path, wo
         manifest = ArchiveReader.open(store, component_prefix("ck-async", "resources", "counter-0")).manifest
         owners: Any = manifest.extra.get("session_owners", {})
         assert workers == 1 or len(owners) == 2
-        assert _latest(store) == "ck-async" and sync.record.sequence + 1 == outcome.record.sequence
+        assert latest_id(store) == "ck-async" and sync.record.sequence + 1 == outcome.record.sequence
         assert not list(store_dir.glob("_workers/*/checkpoints/ck-async/**/manifest.json"))  # staging dropped
         remote.close()
         agent.close()
-
-
-def _latest(store: LocalStore) -> str | None:
-    pointer = read_latest(store)
-    return None if pointer is None else pointer[0].checkpoint_id
 
 
 def test_a_server_killed_during_the_background_upload_publishes_nothing(tmp_path: Path) -> None:
@@ -190,7 +184,7 @@ def test_a_server_killed_during_the_background_upload_publishes_nothing(tmp_path
         with pytest.raises((ParticipantUnreachableError, PublicationFailedError)):
             handle.result(timeout=120)
         assert [p.checkpoint_id for p in list_published(store)] == ["ck-base"]
-        assert _latest(store) == "ck-base" and load_checkpoint(store).checkpoint_id == "ck-base"
+        assert latest_id(store) == "ck-base" and load_checkpoint(store).checkpoint_id == "ck-base"
         assert not store.exists("checkpoints/ck-killed/aggregate.json")
         remote.close()
         agent.close()
@@ -214,7 +208,7 @@ def test_one_worker_killed_during_the_background_upload_publishes_nothing(tmp_pa
         assert "publication_failed" in (info.value.code, info.value.details.get("cause"))
         hold.unlink()
         assert [p.checkpoint_id for p in list_published(store)] == ["ck-base"]
-        assert _latest(store) == "ck-base"
+        assert latest_id(store) == "ck-base"
         assert not store.exists(
             component_prefix("ck-worker-killed", "resources", "counter-0") + "/manifest.json"
         )
@@ -224,7 +218,7 @@ def test_one_worker_killed_during_the_background_upload_publishes_nothing(tmp_pa
             assert time.monotonic() < end, "no replacement worker"
             time.sleep(0.1)
         after = coordinator.checkpoint("ck-after", deadline_s=60, publication="async")
-        assert after.clean and _latest(store) == "ck-after"
+        assert after.clean and latest_id(store) == "ck-after"
         verify_checkpoint(store, "ck-after")
         # the surviving worker's upload of the failed attempt ended before its ck-after commit
         # began; the group drops what it staged (and the dead worker's partial copy) after that

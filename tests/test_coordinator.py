@@ -11,7 +11,17 @@ from typing import Any
 import fsspec
 import pytest
 
-from _protocol_fakes import Deployment, FakeTokens, ScriptedParticipant, ex
+from _protocol_fakes import (
+    Deployment,
+    FakeTokens,
+    InjectedFault,
+    ScriptedParticipant,
+    ex,
+    latest_id,
+    memory_store,
+    populate,
+    published_ids,
+)
 from _reference_world import RealWorld
 from rollout_checkpoint import layout
 from rollout_checkpoint.control import ParticipantControl, Phase
@@ -31,53 +41,27 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
     StaleCheckpointError,
 )
-from rollout_checkpoint.manifests import read_latest
-from rollout_checkpoint.published import list_published
 from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
-from rollout_checkpoint.store import CountingStore, FsspecStore, MemoryStore, ObjectStore
-
-
-class InjectedFault(RuntimeError):
-    pass
-
-
-def _fresh_store() -> MemoryStore:
-    return MemoryStore(f"coord-{uuid.uuid4().hex}")
-
-
-def _populate(dep: Deployment, tokens: FakeTokens | None) -> None:
-    dep.resumable("cont", tokens=tokens)
-    dep.completed("done")
-    dep.dispatch("queued")
-    dep.running("ronly", restart_only=True)
-
-
-def _published(store: ObjectStore) -> list[str]:
-    return sorted(p.checkpoint_id for p in list_published(store))
-
-
-def _latest(store: ObjectStore) -> str | None:
-    pointer = read_latest(store)
-    return None if pointer is None else pointer[0].checkpoint_id
+from rollout_checkpoint.store import CountingStore, FsspecStore, ObjectStore
 
 
 @pytest.fixture()
 def dep() -> Iterator[Deployment]:
-    store = _fresh_store()
+    store = memory_store("coord")
     deployment = Deployment(store, token_source=FakeTokens(store))
     yield deployment
     deployment.close()
 
 
 def test_cycle_publishes_a_verifiable_checkpoint(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     first = dep.coordinator.checkpoint(framework_state={"trainer_step": 7})
     assert first.clean and first.latest_moved and first.record.sequence == 1
     assert first.pause_seconds >= first.publish_seconds > 0
     second = dep.coordinator.checkpoint()
     assert second.record.sequence == 2 and second.record.previous_checkpoint_id == first.checkpoint_id
-    assert _latest(dep.store) == second.checkpoint_id
+    assert latest_id(dep.store) == second.checkpoint_id
     report = verify_checkpoint(dep.store, first.checkpoint_id)
     assert report.counts == {"completed": 1, "continue": 1, "fresh_dispatch": 2}
     plan = load_checkpoint(dep.store, first.checkpoint_id)
@@ -103,10 +87,10 @@ def test_duplicate_participants_are_refused(dep: Deployment) -> None:
 
 
 def _steps() -> list[str]:
-    store = _fresh_store()
+    store = memory_store("coord")
     steps: list[str] = []
     dep = Deployment(store, token_source=FakeTokens(store))
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     dep.coordinator.checkpoint()
     dep.coordinator.fault_hook = steps.append
     dep.coordinator.checkpoint()
@@ -140,10 +124,10 @@ def test_the_step_list_covers_every_write_call_and_the_commit_point() -> None:
     "k", range(len(STEPS)), ids=[f"{i}-{s.split('/')[-1][:24]}" for i, s in enumerate(STEPS)]
 )
 def test_fault_at_every_step(k: int) -> None:
-    store = _fresh_store()
+    store = memory_store("coord")
     tokens = FakeTokens(store)
     dep = Deployment(store, token_source=tokens)
-    _populate(dep, tokens)
+    populate(dep, tokens)
     baseline = dep.coordinator.checkpoint().checkpoint_id
     seen: list[str] = []
 
@@ -160,21 +144,21 @@ def test_fault_at_every_step(k: int) -> None:
         # shards it already uploaded: the cycle recovers and publishes a complete checkpoint
         outcome = dep.coordinator.checkpoint(cid)
         assert outcome.clean and seen[k].startswith("open_write:")
-        assert _published(store) == sorted([baseline, cid])
+        assert published_ids(store) == sorted([baseline, cid])
         verify_checkpoint(store, cid)
-        assert _latest(store) == cid
+        assert latest_id(store) == cid
     elif k <= commit_point:
         with pytest.raises(InjectedFault):
             dep.coordinator.checkpoint(cid)
-        assert _published(store) == [baseline]
-        assert _latest(store) == baseline
+        assert published_ids(store) == [baseline]
+        assert latest_id(store) == baseline
     else:
         outcome = dep.coordinator.checkpoint(cid)
         # a failed pointer move is reported; a failed resume is retried (and succeeds here)
         assert outcome.clean == (STEPS[k] != "latest")
-        assert _published(store) == sorted([baseline, cid])
+        assert published_ids(store) == sorted([baseline, cid])
         verify_checkpoint(store, cid)
-        assert _latest(store) in (baseline, cid)
+        assert latest_id(store) in (baseline, cid)
     # invariants: participants open, registry thawed, completed result kept, the latest verifies
     assert dep.all_open(), [p.status() for p in dep.participants]
     assert dep.registry.frozen_by is None
@@ -183,7 +167,7 @@ def test_fault_at_every_step(k: int) -> None:
     # and the next cycle works
     dep.coordinator.fault_hook = None
     after = dep.coordinator.checkpoint()
-    assert after.clean and _latest(store) == after.checkpoint_id
+    assert after.clean and latest_id(store) == after.checkpoint_id
     dep.close()
 
 
@@ -215,7 +199,7 @@ class LossyParticipant:
 
 
 def test_lost_acknowledgements_are_retried(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     lossy = LossyParticipant(dep.agent, {"prepare", "commit", "resume"})
     proxy: Any = lossy
     participants: list[ParticipantControl] = [proxy, dep.model, dep.resources]
@@ -230,18 +214,18 @@ def test_lost_acknowledgements_are_retried(dep: Deployment) -> None:
 
 
 def test_not_ready_by_the_deadline_aborts(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     dep.agent.set_blockers(["cont#0 mid-turn"])
     with pytest.raises(CheckpointNotReadyError) as info:
         dep.coordinator.checkpoint(deadline_s=0.2)
     assert info.value.details["stage"] == "agent"
-    assert _published(dep.store) == [] and dep.all_open()
+    assert published_ids(dep.store) == [] and dep.all_open()
     # resources (the stage after the blocked one) was never asked to prepare
     assert dep.resources.status().phase.value == "idle"
 
 
 def test_deadline_passing_between_steps_aborts(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     offset = [0.0]
     dep.coordinator.clock = lambda: time.time() + offset[0]
 
@@ -252,11 +236,11 @@ def test_deadline_passing_between_steps_aborts(dep: Deployment) -> None:
     dep.coordinator.fault_hook = hook
     with pytest.raises(DeadlineExceededError):
         dep.coordinator.checkpoint(deadline_s=60)
-    assert _published(dep.store) == [] and dep.all_open()
+    assert published_ids(dep.store) == [] and dep.all_open()
 
 
 def test_cancellation_before_the_commit_point_aborts(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
 
     def hook(step: str) -> None:
         if step == "commit:agent/agent-0":
@@ -265,13 +249,13 @@ def test_cancellation_before_the_commit_point_aborts(dep: Deployment) -> None:
     dep.coordinator.fault_hook = hook
     with pytest.raises(CheckpointCancelledError):
         dep.coordinator.checkpoint()
-    assert _published(dep.store) == [] and dep.all_open()
+    assert published_ids(dep.store) == [] and dep.all_open()
     dep.coordinator.fault_hook = None
     assert dep.coordinator.checkpoint().clean  # a cancel does not stick to the next cycle
 
 
 def test_component_corrupted_before_the_aggregate_fails_validation(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
 
     def hook(step: str) -> None:
         if step == "validate:agent/agent-0":
@@ -283,12 +267,12 @@ def test_component_corrupted_before_the_aggregate_fails_validation(dep: Deployme
     dep.coordinator.fault_hook = hook
     with pytest.raises(IntegrityError):
         dep.coordinator.checkpoint()
-    assert _published(dep.store) == [] and dep.all_open()
+    assert published_ids(dep.store) == [] and dep.all_open()
     assert not [i for i in dep.store.list("checkpoints/") if i.key.endswith("aggregate.json")]
 
 
 def test_reused_checkpoint_id_is_stale(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     cid = dep.coordinator.checkpoint().checkpoint_id
     record = dep.store.get(layout.published_key(cid))
     with pytest.raises(StaleCheckpointError):
@@ -297,7 +281,7 @@ def test_reused_checkpoint_id_is_stale(dep: Deployment) -> None:
 
 
 def test_failure_after_the_commit_point_is_reported_not_raised(dep: Deployment) -> None:
-    _populate(dep, dep.coordinator.token_source)
+    populate(dep, dep.coordinator.token_source)
     baseline = dep.coordinator.checkpoint().checkpoint_id
 
     def hook(step: str) -> None:
@@ -307,11 +291,13 @@ def test_failure_after_the_commit_point_is_reported_not_raised(dep: Deployment) 
     dep.coordinator.fault_hook = hook
     outcome = dep.coordinator.checkpoint()
     assert not outcome.latest_moved and "latest pointer not moved" in outcome.post_commit_errors[0]
-    assert _latest(dep.store) == baseline
+    assert latest_id(dep.store) == baseline
     verify_checkpoint(dep.store, outcome.checkpoint_id)
     dep.coordinator.fault_hook = None
     third = dep.coordinator.checkpoint()
-    assert third.record.sequence == outcome.record.sequence + 1 and _latest(dep.store) == third.checkpoint_id
+    assert (
+        third.record.sequence == outcome.record.sequence + 1 and latest_id(dep.store) == third.checkpoint_id
+    )
 
 
 # -- two coordinators, one checkpoint id -----------------------------------------------------------
@@ -358,7 +344,7 @@ def test_two_coordinators_publishing_one_id(backend: str, request: pytest.Fixtur
 
 def test_restore_rebuilds_registry_and_fences_old_attempts(dep: Deployment) -> None:
     tokens = dep.coordinator.token_source
-    _populate(dep, tokens)
+    populate(dep, tokens)
     cid = dep.coordinator.checkpoint().checkpoint_id
     dep.close()
     fresh = Deployment(dep.store, token_source=tokens)  # the crash: new, empty participants
@@ -395,7 +381,7 @@ def test_restore_rebuilds_registry_and_fences_old_attempts(dep: Deployment) -> N
 
 def test_failed_restore_is_all_or_nothing(dep: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
     tokens = dep.coordinator.token_source
-    _populate(dep, tokens)
+    populate(dep, tokens)
     dep.coordinator.checkpoint()
     fresh = Deployment(dep.store, token_source=tokens)
 
@@ -428,7 +414,7 @@ def test_restore_of_a_rejected_checkpoint_touches_nothing(dep: Deployment) -> No
 
 
 def test_reference_participants_fence_restored_attempts_and_keep_tombstones_across_restores() -> None:
-    store = _fresh_store()
+    store = memory_store("coord")
     first = RealWorld(store)
     cont = first.start("cont")
     first.turn(cont, "c1", 1)
@@ -489,7 +475,7 @@ def test_reference_participants_fence_restored_attempts_and_keep_tombstones_acro
 
 
 def test_failed_restore_with_reference_participants_is_rolled_back() -> None:
-    store = _fresh_store()
+    store = memory_store("coord")
     first = RealWorld(store)
     cont = first.start("cont")
     first.turn(cont, "c1", 1)

@@ -273,17 +273,12 @@ def encode_records(
     lengths: list[int] = []
     append = lengths.append
     try:
-        if pulse is None:
-            for r in records:
+        for start in range(0, len(records), PULSE_RECORDS):
+            for r in records[start : start + PULSE_RECORDS]:
                 encoded = dumps(r)
                 data += encoded
                 append(len(encoded))
-        else:
-            for start in range(0, len(records), PULSE_RECORDS):
-                for r in records[start : start + PULSE_RECORDS]:
-                    encoded = dumps(r)
-                    data += encoded
-                    append(len(encoded))
+            if pulse is not None:
                 pulse()
     except TypeError as exc:
         raise InvalidRecordError(f"a record is not JSON-serialisable: {exc}") from None

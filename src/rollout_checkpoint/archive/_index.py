@@ -16,7 +16,7 @@ import hashlib
 import io
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -367,11 +367,7 @@ class MemberIndex:
             ):
                 return self._scan_row_groups(groups, kind, rollout_id, attempt, key)
             self.load(*_LOOKUP_COLUMNS)
-            mask = compute("equal", self.column("rollout_id"), pa.scalar(rollout_id))
-            for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
-                mask = compute("and", mask, compute("equal", self.column(name), pa.scalar(value)))
-            rows = compute("indices_nonzero", mask)
-            return int(rows[0].as_py()) if len(rows) else None
+            return _first_match(self.column, kind, rollout_id, attempt, key)
         if self._positions is None:
             cols = [self.column(name).to_pylist() for name in ("kind", "rollout_id", "attempt", "key")]
             self._positions = {ident: i for i, ident in enumerate(zip(*cols, strict=True))}
@@ -403,20 +399,17 @@ class MemberIndex:
             table = self._pf.read_row_groups(groups, columns=list(_LOOKUP_COLUMNS), use_threads=False)
         except (pa.ArrowException, OSError) as exc:
             raise InvalidRecordError(f"member index row groups {groups} are not readable: {exc}") from None
-        mask = compute("equal", table["rollout_id"], pa.scalar(rollout_id))
-        for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
-            mask = compute("and", mask, compute("equal", table[name], pa.scalar(value)))
-        rows = compute("indices_nonzero", mask)
-        if not len(rows):
+        found_at = _first_match(table.column, kind, rollout_id, attempt, key)
+        if found_at is None:
             return None
-        local = int(rows[0].as_py())
+        local = found_at
         for rg in groups:  # the table's rows are the groups' rows, in order
             n = starts[rg + 1] - starts[rg]
             if local < n:
                 break
             local -= n
         position = int(starts[rg]) + local
-        found = table.slice(int(rows[0].as_py()), 1)
+        found = table.slice(found_at, 1)
         self._located[position] = (
             int(found["shard"][0].as_py()),
             int(found["row_group"][0].as_py()),
@@ -441,6 +434,18 @@ class MemberIndex:
         for batch in table.to_batches(max_chunksize=batch_rows):
             for row in batch.to_pylist():
                 yield _member(row)
+
+
+def _first_match(
+    column: Callable[[str], Any], kind: str, rollout_id: str, attempt: int, key: str
+) -> int | None:
+    """Row of the first member with this identity, scanning the identity columns in Arrow
+    (``column(name)`` gives one); None when there is none."""
+    mask = compute("equal", column("rollout_id"), pa.scalar(rollout_id))
+    for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
+        mask = compute("and", mask, compute("equal", column(name), pa.scalar(value)))
+    rows = compute("indices_nonzero", mask)
+    return int(rows[0].as_py()) if len(rows) else None
 
 
 def _member(row: dict[str, Any]) -> MemberRef:
