@@ -16,9 +16,9 @@ from pathlib import Path
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
-from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.server import (
     ServedApp,
     WorkerContext,

@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, median, payloads, peak_rss_mb, storage_options
 from rollout_checkpoint.demo import DemoDeployment
-from rollout_checkpoint.layout import checkpoint_prefix
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.format.layout import checkpoint_prefix
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.store import open_store
 
 

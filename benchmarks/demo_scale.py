@@ -41,7 +41,7 @@ from _moto_trace import read as read_trace
 from _moto_trace import summarize
 from _scale_servers import populate_agent, populate_model, populate_resources
 from rollout_checkpoint.coordinator import CheckpointOutcome, Coordinator
-from rollout_checkpoint.layout import checkpoint_prefix
+from rollout_checkpoint.format.layout import checkpoint_prefix
 from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant

@@ -158,7 +158,7 @@ def _sdk_reader_imports() -> None:
 
 
 def sdk_lookup(target: str, endpoint: str | None, n: int) -> tuple[float, dict[str, Any]]:
-    from rollout_checkpoint.archive import ArchiveReader
+    from rollout_checkpoint.format import ArchiveReader
 
     _sdk_reader_imports()
 
@@ -172,7 +172,7 @@ def sdk_lookup(target: str, endpoint: str | None, n: int) -> tuple[float, dict[s
 
 
 def sdk_read_all(target: str, endpoint: str | None) -> tuple[float, int]:
-    from rollout_checkpoint.archive import ArchiveReader
+    from rollout_checkpoint.format import ArchiveReader
 
     _sdk_reader_imports()
 

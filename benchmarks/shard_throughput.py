@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from _common import machine_info, median, payloads, peak_rss_mb, storage_options
 from rollout_checkpoint.archive import SHARD_SCHEMA, ArchiveWriter
-from rollout_checkpoint.layout import component_prefix
+from rollout_checkpoint.format.layout import component_prefix
 from rollout_checkpoint.store import ObjectStore, open_store
 
 KIND = "agent_boundary"

@@ -12,9 +12,9 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import AgentParticipant
-from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.server import (
     AsyncAdmission,
     ServedApp,

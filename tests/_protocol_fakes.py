@@ -1,7 +1,7 @@
 """Test helpers for the protocol layer: a scripted participant on the real control plane and
 builders that give each recovery rule a checkpoint to classify.
 
-``ScriptedParticipant`` subclasses :class:`rollout_checkpoint.control_plane.Participant`, so the
+``ScriptedParticipant`` subclasses :class:`rollout_checkpoint.protocol.Participant`, so the
 phases, fencing, idempotency and lease are the production ones; only *what* it exports is set by
 the test (any records, restarts, blockers).
 """
@@ -13,19 +13,17 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from rollout_checkpoint.control import CheckpointMode, ParticipantKind, Phase
-from rollout_checkpoint.control_plane import Export, Participant, Readiness
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.manifests import read_latest
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.records import (
+from rollout_checkpoint.format.commit_log import list_published, read_latest
+from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
     ModelCallLineageRecord,
     Record,
     ResourceSnapshotRecord,
     TokenStoreReceipt,
 )
+from rollout_checkpoint.ids import ExecutionId
+from rollout_checkpoint.protocol import CheckpointMode, Export, Participant, ParticipantKind, Phase, Readiness
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import MemoryStore, ObjectStore
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from rollout_checkpoint.control_plane import Participant
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import StaleAttemptError
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import (
     AgentParticipant,
@@ -16,7 +16,7 @@ from rollout_checkpoint.participants import (
     PolicyModelParticipant,
     ResourcesParticipant,
 )
-from rollout_checkpoint.records import AgentBoundaryRecord
+from rollout_checkpoint.protocol import Participant
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import ObjectStore
 from rollout_checkpoint.tokens import ObjectStoreTokenStore

@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollout_checkpoint.archive import (
-    ArchiveReader,
     ArchiveStateError,
     ArchiveWriter,
     ComponentManifest,
@@ -40,7 +39,8 @@ from rollout_checkpoint.errors import (
     TransientStoreError,
     UnsupportedSchemaError,
 )
-from rollout_checkpoint.records import (
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
     DispatchRecord,

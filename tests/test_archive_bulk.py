@@ -14,14 +14,15 @@ from typing import Any, BinaryIO
 import orjson
 import pytest
 
-from rollout_checkpoint.archive import ArchiveReader, ArchiveStateError, ArchiveWriter
+from rollout_checkpoint.archive import ArchiveStateError, ArchiveWriter
 from rollout_checkpoint.errors import (
     InvalidIdentifierError,
     InvalidRecordError,
     ObjectNotFoundError,
     StoreError,
 )
-from rollout_checkpoint.records import AgentBoundaryRecord, DispatchRecord, Record
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.records import AgentBoundaryRecord, DispatchRecord, Record
 from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
 
 PREFIX = "checkpoints/c/components/agent/a0"
@@ -297,7 +298,7 @@ def test_the_write_path_imports_no_pydantic_parquet_module_or_compute_kernels(tm
         "w.write_records('agent_boundary', recs, key=lambda r: 'k', refs=lambda r: {'m': r['rollout_id']})\n"
         "w.write_raw('dispatch', 'r1', 0, 'k', b'{}')\n"
         "heavy = ['pydantic', 'pyarrow.parquet', 'pyarrow.fs', 'pyarrow._compute',"
-        " 'rollout_checkpoint.records']\n"
+        " 'rollout_checkpoint.format.records']\n"
         "print([m for m in heavy if m in sys.modules])\n"
         "w.commit()\n"
         "print([m for m in heavy if m in sys.modules])\n"
@@ -368,7 +369,7 @@ def test_colliding_positions_agree_in_python_and_arrow() -> None:
 def test_packed_payloads_keep_each_payload_and_slice_without_copies() -> None:
     from rollout_checkpoint.archive._bulk import encode_records
     from rollout_checkpoint.archive._schema import RECORD_SCHEMA_VERSION as WRITER_DEFAULT
-    from rollout_checkpoint.records import RECORD_SCHEMA_VERSION
+    from rollout_checkpoint.format.records import RECORD_SCHEMA_VERSION
 
     assert WRITER_DEFAULT == RECORD_SCHEMA_VERSION
     records = [{"rollout_id": f"r{i}", "attempt": 0, "s": "é" * i} for i in range(20)]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from rollout_checkpoint.archive import ArchiveReader
-from rollout_checkpoint.records import LEGACY_RESOURCES_INSTANCE, AgentBoundaryRecord, decode_record
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.records import LEGACY_RESOURCES_INSTANCE, AgentBoundaryRecord, decode_record
 from rollout_checkpoint.store import LocalStore
 
 DATA = Path(__file__).resolve().parent / "data"

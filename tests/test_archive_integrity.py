@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from rollout_checkpoint.archive import ArchiveReader, ComponentManifest
+from rollout_checkpoint.archive import ComponentManifest
 from rollout_checkpoint.errors import IntegrityError
+from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.store import ObjectStore
 from test_archive import PREFIX, ident, make_records, write_archive
 

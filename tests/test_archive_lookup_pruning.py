@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter, MemberNotFoundError, _index
+from rollout_checkpoint.archive import ArchiveWriter, MemberNotFoundError, _index
+from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.store import MemoryStore
 
 PREFIX = "ckpt/components/agent/a0"

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter, _bulk, _index, _shard, _shards
+from rollout_checkpoint.archive import ArchiveWriter, _bulk, _index, _shard, _shards
 from rollout_checkpoint.archive._shard import _HashingSink
+from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.store import LocalStore, ObjectStore
 
 PREFIX = "ckpt/components/agent/a0"

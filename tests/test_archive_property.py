@@ -8,8 +8,9 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter
-from rollout_checkpoint.records import (
+from rollout_checkpoint.archive import ArchiveWriter
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
     DispatchRecord,

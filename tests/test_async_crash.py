@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from _crash_run import run_worker
-from rollout_checkpoint.manifests import read_latest
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.format.commit_log import list_published, read_latest
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore
 
 pytestmark = pytest.mark.slow

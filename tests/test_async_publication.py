@@ -24,19 +24,18 @@ from _protocol_fakes import (
     published_ids,
 )
 from _reference_world import RealWorld
-from rollout_checkpoint import layout
-from rollout_checkpoint.archive import ArchiveReader
-from rollout_checkpoint.control import (
+from rollout_checkpoint.coordinator import Coordinator
+from rollout_checkpoint.errors import DeadlineExceededError, InvalidPhaseError
+from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.format.records import AgentBoundaryRecord
+from rollout_checkpoint.protocol import (
     CommitReply,
     ParticipantControl,
     Phase,
     PublicationFailedError,
     PublicationUnknownError,
 )
-from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.errors import DeadlineExceededError, InvalidPhaseError
-from rollout_checkpoint.records import AgentBoundaryRecord
-from rollout_checkpoint.recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
+from rollout_checkpoint.reader import RecoveryPlan, load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import ObjectStore
 
 
@@ -595,7 +594,7 @@ def _agent_with_record() -> ScriptedParticipant:
 def test_an_upload_never_resumed_ends_at_its_deadline() -> None:
     """A holder without a lease (a worker group) does not wait forever for a resume that never
     comes: the registered upload ends at its deadline, unstarted."""
-    from rollout_checkpoint.control_plane._publication import Uploads
+    from rollout_checkpoint.protocol._publication import Uploads
 
     clock = Clock()
     uploads = Uploads("group", clock)

@@ -21,13 +21,13 @@ import pytest
 from _async_build import HOLD_ENV
 from _protocol_fakes import ScriptedParticipant, latest_id
 from conftest import _free_port
-from rollout_checkpoint.archive import ArchiveReader
-from rollout_checkpoint.control import Phase, PublicationFailedError
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.layout import component_prefix
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.records import AgentBoundaryRecord
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.commit_log import list_published
+from rollout_checkpoint.format.layout import component_prefix
+from rollout_checkpoint.format.records import AgentBoundaryRecord
+from rollout_checkpoint.protocol import Phase, PublicationFailedError
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,

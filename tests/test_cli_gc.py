@@ -9,9 +9,8 @@ from typer.testing import CliRunner
 
 from rollout_checkpoint.cli import app
 from rollout_checkpoint.demo import DemoDeployment
-from rollout_checkpoint.manifests import read_latest
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.recovery import verify_checkpoint
+from rollout_checkpoint.format.commit_log import list_published, read_latest
+from rollout_checkpoint.reader import verify_checkpoint
 from rollout_checkpoint.store import LocalStore
 
 

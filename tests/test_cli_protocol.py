@@ -9,10 +9,10 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from _protocol_fakes import Deployment
-from rollout_checkpoint import layout
 from rollout_checkpoint.cli import app
 from rollout_checkpoint.demo import DemoDeployment
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.store import LocalStore
 from rollout_checkpoint.store._counting import CountingStore
 

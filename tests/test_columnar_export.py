@@ -16,19 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_checkpoint import layout
-from rollout_checkpoint._columnar import RecordBatch, RecordBatches, encode_docs
-from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter
-from rollout_checkpoint.control_plane import Export, Participant
-from rollout_checkpoint.control_plane._component import write_component
+from rollout_checkpoint.archive import ArchiveWriter
 from rollout_checkpoint.errors import CheckpointError, InvalidRecordError
-from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
-from rollout_checkpoint.participants._boundaries import SavedBoundary, boundary_batch
-from rollout_checkpoint.participants.environments import BlackjackEnvironment, make_participant
-from rollout_checkpoint.participants.model._export import lineage_batch, receipt_batch
-from rollout_checkpoint.participants.resources import snapshot_batch, snapshot_payload
-from rollout_checkpoint.records import (
+from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.format.columnar import RecordBatch, RecordBatches, encode_docs
+from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
     DispatchRecord,
@@ -39,9 +31,19 @@ from rollout_checkpoint.records import (
     TokenStoreReceipt,
     decode_record,
 )
-from rollout_checkpoint.registry import LiveExecutionRegistry, RegistryEntry, _Entry, registry_batches
+from rollout_checkpoint.ids import ExecutionId
+from rollout_checkpoint.participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
+from rollout_checkpoint.participants._boundaries import SavedBoundary, boundary_batch
+from rollout_checkpoint.participants.environments import BlackjackEnvironment, make_participant
+from rollout_checkpoint.participants.model._export import lineage_batch, receipt_batch
+from rollout_checkpoint.participants.resources import snapshot_batch, snapshot_payload
+from rollout_checkpoint.protocol import Export, Participant
+from rollout_checkpoint.protocol._component import write_component
+from rollout_checkpoint.registry import LiveExecutionRegistry, RegistryEntry
+from rollout_checkpoint.registry._entries import _Entry, registry_batches
 from rollout_checkpoint.store import MemoryStore
-from rollout_checkpoint.tokens import ObjectStoreTokenStore, _canonical_json
+from rollout_checkpoint.tokens import ObjectStoreTokenStore
+from rollout_checkpoint.tokens._store import _canonical_json
 
 H64 = "a" * 64
 

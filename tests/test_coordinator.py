@@ -23,8 +23,6 @@ from _protocol_fakes import (
     published_ids,
 )
 from _reference_world import RealWorld
-from rollout_checkpoint import layout
-from rollout_checkpoint.control import ParticipantControl, Phase
 from rollout_checkpoint.coordinator import (
     CheckpointCancelledError,
     CheckpointNotReadyError,
@@ -41,7 +39,9 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
     StaleCheckpointError,
 )
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.protocol import ParticipantControl, Phase
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import CountingStore, FsspecStore, ObjectStore
 

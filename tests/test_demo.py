@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from rollout_checkpoint.cli import app
 from rollout_checkpoint.coordinator import MissingParticipantError
 from rollout_checkpoint.demo import run_demo
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.format.commit_log import list_published
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore
 
 runner = CliRunner()

@@ -20,7 +20,7 @@ import pytest
 
 from _procs import kill_mentioning, processes_mentioning
 from rollout_checkpoint.demo._cluster import run_cluster_demo
-from rollout_checkpoint.published import list_published
+from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.store import LocalStore
 
 CLI = shutil.which("rollout-checkpoint", path=str(Path(sys.executable).parent)) or "rollout-checkpoint"

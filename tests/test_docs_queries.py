@@ -8,8 +8,8 @@ from pathlib import Path
 
 import duckdb
 
-from rollout_checkpoint.archive import ArchiveReader
 from rollout_checkpoint.demo import DemoDeployment
+from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.store import LocalStore
 
 FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "format.md"

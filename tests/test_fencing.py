@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_checkpoint.errors import InvalidRecordError, StaleAttemptError
-from rollout_checkpoint.fencing import AttemptFence
+from rollout_checkpoint.format.fencing import AttemptFence
 from rollout_checkpoint.ids import ExecutionId
 
 

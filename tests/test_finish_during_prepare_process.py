@@ -27,7 +27,7 @@ from conftest import _free_port
 from rollout_checkpoint.coordinator import CheckpointOutcome, Coordinator
 from rollout_checkpoint.errors import CheckpointError
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant
 from rollout_checkpoint.store import LocalStore

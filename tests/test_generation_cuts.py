@@ -31,8 +31,7 @@ from rollout_checkpoint import (
     validate_cut_coverage,
     verify_checkpoint,
 )
-from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter
-from rollout_checkpoint.control_plane import Export
+from rollout_checkpoint.archive import ArchiveWriter
 from rollout_checkpoint.errors import (
     CheckpointRejectedError,
     DeadlineExceededError,
@@ -40,7 +39,9 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
     TransientStoreError,
 )
-from rollout_checkpoint.records import ModelCallLineageRecord
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.records import ModelCallLineageRecord
+from rollout_checkpoint.protocol import Export
 from rollout_checkpoint.store import MemoryStore, ObjectStore
 from rollout_checkpoint.tokens import TokenEntry, TokenPutReceipt, prefix_digest, token_key
 

@@ -10,9 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_checkpoint.errors import InvalidIdentifierError, InvalidRecordError, UnsupportedSchemaError
-from rollout_checkpoint.ids import ExecutionId, validate_id, validate_key
-from rollout_checkpoint.layout import component_prefix, published_key
-from rollout_checkpoint.records import (
+from rollout_checkpoint.format.layout import component_prefix, published_key
+from rollout_checkpoint.format.records import (
     RECORD_SCHEMA_VERSION,
     RECORD_TYPES,
     AgentBoundaryRecord,
@@ -23,6 +22,7 @@ from rollout_checkpoint.records import (
     TokenStoreReceipt,
     decode_record,
 )
+from rollout_checkpoint.ids import ExecutionId, validate_id, validate_key
 
 BAD_IDS = [
     "",

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from rollout_checkpoint import layout
 from rollout_checkpoint.errors import (
     CheckpointNotFoundError,
     IntegrityError,
@@ -17,22 +16,25 @@ from rollout_checkpoint.errors import (
     ManifestConflictError,
     UnsupportedSchemaError,
 )
-from rollout_checkpoint.manifests import (
-    AggregateManifest,
-    ComponentRef,
-    GlobalCheckpointRecord,
-    ObjectRef,
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import (
     advance_latest,
-    canonical_json,
-    new_checkpoint_id,
-    new_commit_token,
+    list_published,
     publish_record,
     read_aggregate,
     read_latest,
     read_record,
     write_aggregate,
 )
-from rollout_checkpoint.published import list_published
+from rollout_checkpoint.format.manifests import (
+    AggregateManifest,
+    ComponentRef,
+    GlobalCheckpointRecord,
+    ObjectRef,
+    canonical_json,
+    new_checkpoint_id,
+    new_commit_token,
+)
 from rollout_checkpoint.store import ObjectStore
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -258,7 +260,7 @@ def test_newer_schema_refused_whatever_its_json_type(memory_store: ObjectStore, 
 
 
 def test_record_base_is_abstract() -> None:
-    from rollout_checkpoint.records import Record
+    from rollout_checkpoint.format.records import Record
 
     with pytest.raises(TypeError):
         Record(rollout_id="r", attempt=0)  # type: ignore[abstract]

@@ -15,8 +15,8 @@ import pytest
 
 from rollout_checkpoint.demo import DemoWorld, Ledger, RolloutSpec, rollout_specs, run_rollout
 from rollout_checkpoint.errors import StaleAttemptError
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.records import AgentBoundaryRecord
 from rollout_checkpoint.store import MemoryStore
 
 TURNS = 4

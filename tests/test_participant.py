@@ -12,15 +12,6 @@ from typing import Any
 import pytest
 
 from rollout_checkpoint import archive
-from rollout_checkpoint.archive import ArchiveReader
-from rollout_checkpoint.control import ParticipantControl, Phase
-from rollout_checkpoint.control_plane import (
-    BLOCKERS_REPORTED,
-    RESUMED_IDS_KEPT,
-    Export,
-    Participant,
-    Readiness,
-)
 from rollout_checkpoint.errors import (
     AdmissionClosedError,
     CheckpointError,
@@ -32,9 +23,19 @@ from rollout_checkpoint.errors import (
     TransientStoreError,
     UnknownExecutionError,
 )
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.records import AgentBoundaryRecord, Record
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import AgentParticipant
-from rollout_checkpoint.records import AgentBoundaryRecord, Record
+from rollout_checkpoint.protocol import (
+    BLOCKERS_REPORTED,
+    RESUMED_IDS_KEPT,
+    Export,
+    Participant,
+    ParticipantControl,
+    Phase,
+    Readiness,
+)
 from rollout_checkpoint.store import MemoryStore, ObjectStore, PutResult
 from rollout_checkpoint.store._counting import CountingStore
 

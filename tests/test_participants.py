@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 
-from rollout_checkpoint import layout
-from rollout_checkpoint.archive import ArchiveReader, ArchiveWriter
-from rollout_checkpoint.control import Phase
-from rollout_checkpoint.control_plane import Participant
+from rollout_checkpoint.archive import ArchiveWriter
 from rollout_checkpoint.errors import (
     AdmissionClosedError,
     CheckpointError,
@@ -22,6 +19,14 @@ from rollout_checkpoint.errors import (
     InvalidRecordError,
     StaleAttemptError,
 )
+from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.format.records import (
+    AgentBoundaryRecord,
+    ModelCallLineageRecord,
+    Record,
+    ResourceSnapshotRecord,
+    TokenStoreReceipt,
+)
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import (
     AgentParticipant,
@@ -29,13 +34,7 @@ from rollout_checkpoint.participants import (
     PolicyModelParticipant,
     ResourcesParticipant,
 )
-from rollout_checkpoint.records import (
-    AgentBoundaryRecord,
-    ModelCallLineageRecord,
-    Record,
-    ResourceSnapshotRecord,
-    TokenStoreReceipt,
-)
+from rollout_checkpoint.protocol import Participant, Phase
 from rollout_checkpoint.store import MemoryStore, ObjectStore
 from rollout_checkpoint.tokens import InMemoryLineageStore, ObjectStoreTokenStore, load_snapshot
 

@@ -13,20 +13,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rollout_checkpoint import layout
 from rollout_checkpoint.cli import app
 from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import SequenceTakenError
-from rollout_checkpoint.manifests import (
-    GlobalCheckpointRecord,
-    ObjectRef,
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import (
+    claimed_sequences,
+    list_published,
+    next_sequence,
     publish_record,
     read_claim,
     read_latest,
     read_record,
 )
-from rollout_checkpoint.published import claimed_sequences, list_published, next_sequence
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.format.manifests import GlobalCheckpointRecord, ObjectRef
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import ObjectStore, open_store
 
 runner = CliRunner()

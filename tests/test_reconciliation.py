@@ -21,10 +21,10 @@ from rollout_checkpoint.errors import (
     InvalidRecordError,
     StaleAttemptError,
 )
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import AgentParticipant, ResourcesParticipant
-from rollout_checkpoint.records import AgentBoundaryRecord
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.store import MemoryStore
 

@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from _protocol_fakes import Deployment
-from rollout_checkpoint import layout
 from rollout_checkpoint.cli import app
 from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import CheckpointRejectedError
-from rollout_checkpoint.manifests import read_record
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import read_record
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.store import ObjectStore, open_store
 
 runner = CliRunner()

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 
 from _protocol_fakes import Deployment, FakeTokens, ex
-from rollout_checkpoint import layout
 from rollout_checkpoint.errors import CheckpointNotFoundError, CheckpointRejectedError
-from rollout_checkpoint.manifests import read_record
-from rollout_checkpoint.recovery import RecoveryPlan, list_checkpoints, load_checkpoint, verify_checkpoint
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import read_record
+from rollout_checkpoint.reader import RecoveryPlan, list_checkpoints, load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore, ObjectStore
 from rollout_checkpoint.store._counting import CountingStore
 
@@ -131,7 +131,7 @@ def test_missing_model_call_is_fresh(dep: Deployment, tokens: FakeTokens) -> Non
 def test_lineage_parent_missing_is_fresh(dep: Deployment, tokens: FakeTokens) -> None:
     e = dep.resumable("r", tokens=tokens)
     # a second call whose parent was never committed
-    from rollout_checkpoint.records import ModelCallLineageRecord
+    from rollout_checkpoint.format.records import ModelCallLineageRecord
 
     dep.model.add(
         ModelCallLineageRecord(

@@ -6,16 +6,15 @@ import threading
 
 import pytest
 
-from rollout_checkpoint import layout
-from rollout_checkpoint.archive import ArchiveReader
 from rollout_checkpoint.errors import (
     AdmissionClosedError,
     IdentityConflictError,
     InvalidPhaseError,
     StaleAttemptError,
 )
+from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.format.records import CompletedResultRecord, DispatchRecord
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.records import CompletedResultRecord, DispatchRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry, RegistryEntry
 from rollout_checkpoint.store import ObjectStore
 

@@ -8,10 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from _protocol_fakes import Deployment
-from rollout_checkpoint import layout
-from rollout_checkpoint.manifests import read_latest
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.recovery import verify_checkpoint
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import list_published, read_latest
+from rollout_checkpoint.reader import verify_checkpoint
 from rollout_checkpoint.retention import collect_garbage
 from rollout_checkpoint.store import MemoryStore, ObjectStore
 

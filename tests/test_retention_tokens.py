@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_checkpoint import layout
 from rollout_checkpoint.demo import DemoDeployment
-from rollout_checkpoint.published import claimed_sequences, list_published
-from rollout_checkpoint.recovery import verify_checkpoint
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import claimed_sequences, list_published
+from rollout_checkpoint.reader import verify_checkpoint
 from rollout_checkpoint.retention import collect_garbage
 from rollout_checkpoint.store import ObjectStore, open_store
 

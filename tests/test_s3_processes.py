@@ -25,7 +25,7 @@ import pytest
 from _procs import kill_mentioning
 from conftest import _free_port
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.published import list_published
+from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant
 from rollout_checkpoint.store import open_store

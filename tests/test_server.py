@@ -22,7 +22,6 @@ from starlette.responses import JSONResponse, Response
 
 from _http import served
 from _protocol_fakes import Deployment, FakeTokens, ScriptedParticipant, ex
-from rollout_checkpoint.control import Phase
 from rollout_checkpoint.coordinator import CheckpointNotReadyError, Coordinator
 from rollout_checkpoint.errors import (
     CheckpointConflictError,
@@ -30,7 +29,8 @@ from rollout_checkpoint.errors import (
     InvalidPhaseError,
     StaleCheckpointError,
 )
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.protocol import Phase
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,

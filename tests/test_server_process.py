@@ -22,7 +22,7 @@ from _protocol_fakes import ScriptedParticipant, ex
 from conftest import _free_port, _wait_listening
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import AdmissionClosedError, StaleCheckpointError
-from rollout_checkpoint.published import list_published
+from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,

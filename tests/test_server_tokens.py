@@ -11,7 +11,7 @@ from _http import served
 from _protocol_fakes import ScriptedParticipant
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import ObjectExistsError
-from rollout_checkpoint.manifests import read_record
+from rollout_checkpoint.format.commit_log import read_record
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
     TOKENS_ROUTE_PREFIX,

@@ -30,14 +30,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _reference_world import RealWorld
-from rollout_checkpoint import layout
-from rollout_checkpoint.control import Phase
 from rollout_checkpoint.errors import CheckpointNotFoundError, CheckpointRejectedError, StaleAttemptError
+from rollout_checkpoint.format import layout
+from rollout_checkpoint.format.commit_log import list_published
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import FakeGenerationBackend, GenerationResult
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.records import AgentBoundaryRecord
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.protocol import Phase
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import MemoryStore
 
 ROLLOUTS = [f"r{i}" for i in range(5)]

@@ -23,7 +23,7 @@ from rollout_checkpoint.errors import (
     StorePermissionError,
     StoreUnreachableError,
 )
-from rollout_checkpoint.recovery import load_checkpoint
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.store import LocalStore, open_store
 
 runner = CliRunner()

@@ -565,7 +565,7 @@ def test_archive_writer_probes_before_its_create_only_manifest(
     s3_url: str, proxy: tuple[str, ProxyState]
 ) -> None:
     from rollout_checkpoint.archive import ArchiveWriter
-    from rollout_checkpoint.records import AgentBoundaryRecord
+    from rollout_checkpoint.format.records import AgentBoundaryRecord
 
     endpoint, state = proxy
     state.strip_headers = frozenset({"if-none-match"})

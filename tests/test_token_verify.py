@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from rollout_checkpoint.cli import app
 from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
-from rollout_checkpoint.recovery import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.store import LocalStore
 from rollout_checkpoint.tokens import TokenSnapshotReceipt, verify_snapshot_data
 

@@ -12,8 +12,8 @@ from rollout_checkpoint.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
 )
+from rollout_checkpoint.format.records import ModelCallLineageRecord
 from rollout_checkpoint.ids import ExecutionId
-from rollout_checkpoint.records import ModelCallLineageRecord
 from rollout_checkpoint.store import ObjectStore
 from rollout_checkpoint.tokens import (
     InMemoryLineageStore,

@@ -19,11 +19,11 @@ import pytest
 
 from _protocol_fakes import ScriptedParticipant, ex
 from conftest import _free_port
-from rollout_checkpoint.archive import ArchiveReader
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.layout import component_prefix
-from rollout_checkpoint.published import list_published
-from rollout_checkpoint.records import AgentBoundaryRecord
+from rollout_checkpoint.format import ArchiveReader
+from rollout_checkpoint.format.commit_log import list_published
+from rollout_checkpoint.format.layout import component_prefix
+from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,
@@ -353,7 +353,7 @@ def test_worker_group_commits_and_restores_on_every_store(
     """Staging, merge and restore through the store URL (workers open it themselves)."""
     from fastapi import FastAPI
 
-    from rollout_checkpoint.records import ResourceSnapshotRecord
+    from rollout_checkpoint.format.records import ResourceSnapshotRecord
 
     if any_store.url.startswith("s3://"):
         monkeypatch.setenv("AWS_ENDPOINT_URL", request.getfixturevalue("s3_endpoint"))
@@ -441,7 +441,7 @@ def test_a_failed_group_commit_leaves_no_staging_and_the_next_checkpoint_publish
     from fastapi import FastAPI
 
     from rollout_checkpoint.errors import IntegrityError, InvalidPhaseError
-    from rollout_checkpoint.records import ResourceSnapshotRecord
+    from rollout_checkpoint.format.records import ResourceSnapshotRecord
 
     store = LocalStore(tmp_path / "store")
     other = f"{STAGING_PREFIX}/old0/checkpoints/ck-other/component.bin"

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from rollout_checkpoint.archive import ArchiveWriter
-from rollout_checkpoint.records import (
+from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
     CompletedResultRecord,
     DispatchRecord,

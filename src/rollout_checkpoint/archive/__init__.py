@@ -31,7 +31,13 @@ if TYPE_CHECKING:
         manifest_to_bytes,
         parse_component_manifest,
     )
-    from ._reader import ArchiveReader, RawRecord, check_object, component_prefixes, find_component_prefixes
+    from ._reader import (
+        RawArchiveReader,
+        RawRecord,
+        check_object,
+        component_prefixes,
+        find_component_prefixes,
+    )
     from ._schema import (
         DEFAULT_ROW_GROUP_BYTES,
         DEFAULT_ROW_GROUP_ROWS,
@@ -53,7 +59,7 @@ _EXPORTS = {
     "ShardEntry": "._manifest",
     "manifest_to_bytes": "._manifest",
     "parse_component_manifest": "._manifest",
-    "ArchiveReader": "._reader",
+    "RawArchiveReader": "._reader",
     "RawRecord": "._reader",
     "check_object": "._reader",
     "component_prefixes": "._reader",
@@ -83,7 +89,7 @@ __all__ = [
     "DEFAULT_ZSTD_LEVEL",
     "INDEX_SCHEMA",
     "SHARD_SCHEMA",
-    "ArchiveReader",
+    "RawArchiveReader",
     "ArchiveStateError",
     "ArchiveWriter",
     "ComponentManifest",

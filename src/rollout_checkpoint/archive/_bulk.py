@@ -21,8 +21,8 @@ from typing import Any, overload
 import orjson
 import pyarrow as pa
 
-from .._idcheck import ID_MAX_LENGTH, validate_id
 from ..errors import InvalidRecordError
+from ..ids import ID_MAX_LENGTH, validate_id
 
 __all__ = [
     "Batch",

@@ -11,21 +11,20 @@ import hashlib
 import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
-from ..records import Record, decode_record
 from ..store import ObjectStore
 from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
 from ._schema import MANIFEST_NAME, SHARD_SCHEMA, join_key
 
-__all__ = ["ArchiveReader", "RawRecord", "check_object", "component_prefixes", "find_component_prefixes"]
+__all__ = ["RawArchiveReader", "RawRecord", "check_object", "component_prefixes", "find_component_prefixes"]
 
 _CHUNK = 1 << 20
 
@@ -172,7 +171,7 @@ class _WindowFile(io.RawIOBase):
         return end - start
 
 
-class ArchiveReader:
+class RawArchiveReader:
     """A committed component archive. Open with :meth:`open`; see the module docstring."""
 
     def __init__(
@@ -185,7 +184,7 @@ class ArchiveReader:
         self._index: MemberIndex | None = None
 
     @classmethod
-    def open(cls, store: ObjectStore, prefix: str, *, expected_sha256: str | None = None) -> ArchiveReader:
+    def open(cls, store: ObjectStore, prefix: str, *, expected_sha256: str | None = None) -> Self:
         """Read and validate ``prefix/manifest.json`` only (no shard, no index).
 
         ``ObjectNotFoundError`` when there is no manifest (the archive was never committed),
@@ -318,11 +317,6 @@ class ArchiveReader:
                     f"{key}: a payload is not JSON: {exc}", key=key, problem="invalid"
                 ) from None
 
-    def iter_records(self, kind: str | None = None) -> Iterator[Record]:
-        """Decoded records (``records.decode_record``), shard by shard; see :meth:`iter_raw`."""
-        for raw in self.iter_raw(kind):
-            yield decode_record(raw.kind, raw.payload)
-
     def get_raw(self, kind: str, rollout_id: str, attempt: int, key: str) -> RawRecord:
         """One member: the cached index plus exactly one ranged GET of its row group."""
         index = self._member_index()
@@ -370,13 +364,8 @@ class ArchiveReader:
             )
         return rows[0]
 
-    def get(self, kind: str, rollout_id: str, attempt: int, key: str) -> Record:
-        """One decoded record; ``MemberNotFoundError`` when the index has no such member."""
-        raw = self.get_raw(kind, rollout_id, attempt, key)
-        return decode_record(raw.kind, raw.payload)
-
     def __repr__(self) -> str:
-        return f"ArchiveReader({self.store!r}, {self.prefix!r})"
+        return f"{type(self).__name__}({self.store!r}, {self.prefix!r})"
 
 
 def _check_schema(schema: pa.Schema, key: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..layout import MANIFEST_NAME
+from ._names import MANIFEST_NAME
 
 __all__ = [
     "DEFAULT_ROW_GROUP_BYTES",

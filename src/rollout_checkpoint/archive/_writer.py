@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .._idcheck import validate_id, validate_key
 from ..errors import InvalidRecordError, ManifestConflictError, ObjectExistsError
+from ..ids import validate_id, validate_key
 from ..store import ObjectStore
 from ._bulk import Batch, Field, check_batch, check_member, duplicate_error, encode_records, encode_refs
 from ._errors import ArchiveStateError
 from ._index_stream import IndexStream, colliding_positions
+from ._member import ArchiveMember
 from ._rowgroup import OpenRowGroup
 from ._schema import (
     DEFAULT_ROW_GROUP_BYTES,
@@ -55,7 +56,6 @@ from ._shards import ShardRotation, streams_natively
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
-    from ..records import Record
     from ._manifest import ComponentManifest, ManifestRef
 
 __all__ = ["ArchiveWriter", "streams_natively"]
@@ -170,7 +170,7 @@ class ArchiveWriter:
         return held + shards.inflight_bytes + self._rg.payload_bytes
 
     # -- writing ----------------------------------------------------------------------------
-    def write(self, record: Record) -> None:
+    def write(self, record: ArchiveMember) -> None:
         """Append one record (already validated by pydantic, so nothing is checked again)."""
         self._append(
             record.kind,

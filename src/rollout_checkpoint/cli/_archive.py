@@ -17,9 +17,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..archive import ArchiveReader, component_prefixes
+from ..archive import component_prefixes
 from ..errors import CheckpointError
-from ..layout import MANIFEST_NAME
+from ..format.layout import MANIFEST_NAME
+from ..format.record_reader import ArchiveReader
 from ..store import ObjectInfo, ObjectStore
 from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
 from ._common import console as _console

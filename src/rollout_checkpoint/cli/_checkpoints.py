@@ -15,11 +15,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .. import layout
 from ..errors import CheckpointError, IntegrityError, ObjectNotFoundError
-from ..manifests import read_latest
-from ..published import iter_candidates, list_published, pointer_note, read_pointer_hint
-from ..recovery import RecoveryPlan, load_checkpoint, verify_checkpoint
+from ..format import layout
+from ..format.commit_log import iter_candidates, list_published, pointer_note, read_latest, read_pointer_hint
+from ..reader import RecoveryPlan, load_checkpoint, verify_checkpoint
 from ..store import ObjectInfo, ObjectStore
 from ._archive import Finding, register_verifier
 from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled

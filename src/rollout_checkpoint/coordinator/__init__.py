@@ -57,7 +57,7 @@ __all__ = [
 class Coordinator(RestoreOperations):
     """Runs checkpoint cycles and restores over a fixed set of participants.
 
-    ``participants`` are any :class:`~rollout_checkpoint.control.ParticipantControl` (in-process
+    ``participants`` are any :class:`~rollout_checkpoint.protocol.ParticipantControl` (in-process
     or remote clients), unique by ``(kind, instance)``. ``token_source`` (optional) is snapshotted
     under each checkpoint id and its receipt bound into the global record. One cycle runs at a
     time per coordinator (an asynchronous one until its publication ended); two coordinators

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any, TypeVar
 
-from ..control import PREPARE_ORDER, ParticipantControl
 from ..errors import DeadlineExceededError
-from ..recovery import TokenSnapshotLoader
+from ..protocol import PREPARE_ORDER, ParticipantControl
+from ..reader import TokenSnapshotLoader
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore, open_store
 from ._types import RETRYABLE, CheckpointCancelledError, FaultHook, TokenSnapshotSource, participant_name

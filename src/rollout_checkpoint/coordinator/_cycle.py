@@ -18,7 +18,11 @@ from typing import cast
 
 from pydantic import JsonValue
 
-from ..control import (
+from ..errors import IntegrityError, ManifestConflictError, ObjectExistsError
+from ..format.commit_log import LatestUpdate, advance_latest
+from ..format.manifests import GlobalCheckpointRecord, ObjectRef, new_checkpoint_id
+from ..ids import ExecutionId, validate_id
+from ..protocol import (
     PREPARE_ORDER,
     AsyncParticipantControl,
     CommitReply,
@@ -27,9 +31,6 @@ from ..control import (
     PrepareReport,
     Publication,
 )
-from ..errors import IntegrityError, ManifestConflictError, ObjectExistsError
-from ..ids import ExecutionId, validate_id
-from ..manifests import GlobalCheckpointRecord, LatestUpdate, ObjectRef, advance_latest, new_checkpoint_id
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore
 from ._core import Laps, log

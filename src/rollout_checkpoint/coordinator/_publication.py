@@ -16,20 +16,18 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from .. import layout
-from ..archive import ArchiveReader
-from ..control import PREPARE_ORDER, CommitReply, ParticipantControl, Phase
 from ..errors import IntegrityError, ManifestConflictError, SequenceTakenError
-from ..manifests import (
+from ..format import layout
+from ..format.commit_log import iter_candidates, next_sequence, publish_record, write_aggregate
+from ..format.manifests import (
     AggregateManifest,
     ComponentRef,
     GlobalCheckpointRecord,
     ObjectRef,
     new_commit_token,
-    publish_record,
-    write_aggregate,
 )
-from ..published import iter_candidates, next_sequence
+from ..format.record_reader import ArchiveReader
+from ..protocol import PREPARE_ORDER, CommitReply, ParticipantControl, Phase
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
 from ..store import ObjectStore
 from ._core import CoordinatorCore, Laps, log
@@ -202,6 +200,6 @@ class Publisher(CoordinatorCore):
         if self.token_snapshot_loader is not None:
             self.token_snapshot_loader(self.store, receipt)
             return
-        from ..recovery import default_token_snapshot_loader
+        from ..reader import default_token_snapshot_loader
 
         default_token_snapshot_loader(self.store, receipt)

@@ -11,11 +11,11 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from functools import partial
 
-from ..control import PREPARE_ORDER, ParticipantControl, ResumeReply
 from ..errors import CheckpointError, InvalidPhaseError
+from ..format.manifests import new_checkpoint_id
 from ..ids import ExecutionId, validate_id
-from ..manifests import new_checkpoint_id
-from ..recovery import load_checkpoint
+from ..protocol import PREPARE_ORDER, ParticipantControl, ResumeReply
+from ..reader import load_checkpoint
 from ._core import log
 from ._cycle import CheckpointCycle
 from ._types import RETIRE_ORDER, MissingParticipantError, RestoreFailedError, RestoreOutcome
@@ -44,7 +44,7 @@ class RestoreOperations(CheckpointCycle):
         everywhere, every participant is resumed, the registry is left unchanged and
         :class:`RestoreFailedError` is raised. On success the registry holds the rebuilt plan
         and the participants stay paused until :meth:`resume` ``(restore_id)``.
-        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.recovery.load_checkpoint`:
+        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.reader.load_checkpoint`:
         digest-check everything first, and use the newest checkpoint that loads (verifies) when
         the requested one is damaged (``outcome.plan.skipped`` says what was passed over).
         """

@@ -11,11 +11,12 @@ from typing import Any, BinaryIO, Protocol
 
 from pydantic import BaseModel, JsonValue
 
-from ..control import ParticipantControl, ParticipantKind, Publication
 from ..errors import CheckpointError, TransientStoreError
+from ..format.commit_log import LatestUpdate
+from ..format.manifests import GlobalCheckpointRecord, ObjectRef
 from ..ids import ExecutionId
-from ..manifests import GlobalCheckpointRecord, LatestUpdate, ObjectRef
-from ..recovery import RecoveryPlan
+from ..protocol import ParticipantControl, ParticipantKind, Publication
+from ..reader import RecoveryPlan
 from ..store import DelegatingStore, ObjectInfo, ObjectStore, PutResult
 
 __all__ = [

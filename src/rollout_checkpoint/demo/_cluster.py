@@ -36,9 +36,9 @@ from typing import Any
 import httpx
 
 from ..errors import CheckpointError
+from ..format.commit_log import list_published
 from ..ids import ExecutionId
 from ..participants.environments import reference_environments
-from ..published import list_published
 from ..server import CHECKPOINT_ROUTE_PREFIX, TOKEN_ENV
 from ..store import ObjectStore
 from ._cluster_coordinator import FRESH_EXIT, MAX_TOKENS, read_json, write_json

@@ -33,10 +33,10 @@ from pydantic import JsonValue
 
 from ..coordinator import Coordinator, RestoreFailedError
 from ..errors import CheckpointError
+from ..format.commit_log import list_published
 from ..ids import ExecutionId
 from ..participants.environments import reference_environments
-from ..published import list_published
-from ..recovery import load_checkpoint
+from ..reader import load_checkpoint
 from ..registry import LiveExecutionRegistry
 from ..server import TOKEN_ENV, RemoteParticipant, RemoteTokenStore
 from ..store import ObjectStore, open_store

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..coordinator import CheckpointOutcome, Coordinator, RestoreOutcome
+from ..format.records import AgentBoundaryRecord
 from ..ids import ExecutionId
 from ..participants import AgentParticipant, PolicyModelParticipant, ResourcesParticipant
-from ..records import AgentBoundaryRecord
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore, open_store
 from ..tokens import BatchingTokenSink, ObjectStoreTokenStore

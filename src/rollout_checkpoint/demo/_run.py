@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ..control import ParticipantKind
 from ..errors import CheckpointError
+from ..format.manifests import new_checkpoint_id
 from ..ids import ExecutionId
-from ..manifests import new_checkpoint_id
-from ..recovery import RecoveryPlan
+from ..protocol import ParticipantKind
+from ..reader import RecoveryPlan
 from ..store import MemoryStore, ObjectStore
 from ._workload import Crashed, DemoWorld, Ledger, RolloutSpec, rollout_specs, run_rollout
 

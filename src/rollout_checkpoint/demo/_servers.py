@@ -25,10 +25,10 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import CheckpointError
+from ..format.records import AgentBoundaryRecord
 from ..ids import ExecutionId, Identifier
 from ..participants import AgentParticipant, FakeGenerationBackend, PolicyModelParticipant
 from ..participants.environments import make_participant, reference_environments
-from ..records import AgentBoundaryRecord
 from ..server import (
     TOKEN_ENV,
     AsyncAdmission,

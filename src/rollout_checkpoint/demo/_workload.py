@@ -23,14 +23,13 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ..control import ParticipantKind
-from ..control_plane import Participant
 from ..coordinator import Coordinator, FaultHook
+from ..format.records import AgentBoundaryRecord
 from ..ids import ExecutionId
 from ..participants import AgentParticipant, FakeGenerationBackend, PolicyModelParticipant
 from ..participants.environments import Environment, make_participant, reference_environments
 from ..participants.model import Delivery
-from ..records import AgentBoundaryRecord
+from ..protocol import Participant, ParticipantKind
 from ..registry import LiveExecutionRegistry
 from ..store import DelegatingStore, ObjectInfo, ObjectStore, PutResult
 from ..tokens import ObjectStoreTokenStore

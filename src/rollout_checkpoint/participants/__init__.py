@@ -2,7 +2,7 @@
 
 Each has a small integration API a server calls from its request handlers (``docs/participants.md``
 shows the calls in context). All of them inherit the control plane of
-:class:`~rollout_checkpoint.control_plane.Participant`: the coordinator drives ``prepare`` /
+:class:`~rollout_checkpoint.protocol.Participant`: the coordinator drives ``prepare`` /
 ``commit`` / ``restore`` / ``resume`` / ``retire`` / ``forget``; the server's worker threads
 call the kinds' methods concurrently.
 """

@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from .._columnar import RecordBatch, b64, check_ids, encode_docs
-from ..records import AgentBoundaryRecord, decode_record
+from ..format.columnar import RecordBatch, b64, check_ids, encode_docs
+from ..format.records import AgentBoundaryRecord, decode_record
 
 __all__ = ["SavedBoundary", "boundary_batch"]
 

@@ -13,21 +13,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from ..control import WorkerTopology
-from ..control_plane import (
+from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
+from ..format.records import AgentBoundaryRecord, Record
+from ..ids import ExecutionId, validate_id
+from ..protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
     Export,
     Participant,
     Readiness,
     RecordBatches,
+    WorkerTopology,
     execution_key,
     restamp,
     scope_test,
     wrong_kind,
 )
-from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
-from ..ids import ExecutionId, validate_id
-from ..records import AgentBoundaryRecord, Record
 from ._boundaries import SavedBoundary, boundary_batch
 
 __all__ = ["AgentMode", "AgentParticipant"]

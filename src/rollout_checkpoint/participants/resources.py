@@ -13,21 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from .. import layout
-from .._columnar import b64, check_ids, check_lengths, check_non_negative, encode_docs
-from ..archive import ArchiveReader
-from ..control import CheckpointMode, WorkerTopology
-from ..control_plane import (
-    DEFAULT_LEASE_GRACE_SECONDS,
-    Export,
-    Participant,
-    Readiness,
-    RecordBatch,
-    RecordBatches,
-    execution_key,
-    scope_test,
-    wrong_kind,
-)
 from ..errors import (
     CheckpointNotFoundError,
     IdentityConflictError,
@@ -35,9 +20,25 @@ from ..errors import (
     InvalidValueError,
     UnknownExecutionError,
 )
+from ..format import layout
+from ..format.columnar import b64, check_ids, check_lengths, check_non_negative, encode_docs
+from ..format.commit_log import read_record
+from ..format.record_reader import ArchiveReader
+from ..format.records import RECORD_SCHEMA_VERSION, Record, ResourceSnapshotRecord
 from ..ids import ExecutionId, validate_id
-from ..manifests import read_record
-from ..records import RECORD_SCHEMA_VERSION, Record, ResourceSnapshotRecord
+from ..protocol import (
+    DEFAULT_LEASE_GRACE_SECONDS,
+    CheckpointMode,
+    Export,
+    Participant,
+    Readiness,
+    RecordBatch,
+    RecordBatches,
+    WorkerTopology,
+    execution_key,
+    scope_test,
+    wrong_kind,
+)
 from ..store import ObjectStore, open_store
 from .codecs import JsonCodec, StateCodec
 

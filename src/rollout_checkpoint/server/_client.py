@@ -1,6 +1,6 @@
 """A remote participant for the coordinator: the control routes over httpx.
 
-:class:`RemoteParticipant` satisfies :class:`~rollout_checkpoint.control.ParticipantControl`, so a
+:class:`RemoteParticipant` satisfies :class:`~rollout_checkpoint.protocol.ParticipantControl`, so a
 :class:`~rollout_checkpoint.coordinator.Coordinator` drives servers in other processes exactly
 as it drives in-process participants. Each call's HTTP timeout comes from the operation's own
 absolute deadline; transport failures and 5xx answers are retried until the deadline (every
@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 
-from ..control import (
+from ..ids import ExecutionId
+from ..protocol import (
     Capabilities,
     CommitReply,
     ParticipantStatus,
@@ -25,7 +26,6 @@ from ..control import (
     RestoreReply,
     ResumeReply,
 )
-from ..ids import ExecutionId
 from ..store import ObjectStore
 from ._http import JsonClient
 from ._wire import (

@@ -11,11 +11,12 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from .. import layout
-from ..archive import ArchiveReader, ArchiveWriter, ManifestRef
-from ..control import Capabilities, CommitReply, Phase, UnsafeEffect
+from ..archive import ArchiveWriter, ManifestRef
 from ..errors import IntegrityError, InvalidPhaseError, InvalidRecordError
+from ..format import layout
+from ..format.record_reader import ArchiveReader
 from ..ids import ExecutionId
+from ..protocol import Capabilities, CommitReply, Phase, UnsafeEffect
 from ..store import ObjectStore
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 ``GET /status`` and ``POST /prepare /renew /commit /collect /restore /resume /retire /forget`` under
 :data:`CHECKPOINT_ROUTE_PREFIX`, each protected by a bearer token compared in constant time,
-each wrapping one operation of any :class:`~rollout_checkpoint.control.ParticipantControl`.
+each wrapping one operation of any :class:`~rollout_checkpoint.protocol.ParticipantControl`.
 
 The router needs no app-level exception handlers: its route class turns every refusal into
 ``{"error": {"code", "detail"}}`` itself (401 unauthorized, 422 malformed body, 409 protocol
@@ -27,7 +27,8 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
-from ..control import (
+from ..errors import CheckpointError
+from ..protocol import (
     AsyncParticipantControl,
     CommitReply,
     ParticipantControl,
@@ -36,7 +37,6 @@ from ..control import (
     RestoreReply,
     ResumeReply,
 )
-from ..errors import CheckpointError
 from ..store import ObjectStore, open_store
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,

@@ -34,9 +34,9 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Query, Security
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..control import Capabilities, ParticipantControl
 from ..errors import CheckpointError, UnknownExecutionError
 from ..ids import Identifier
+from ..protocol import Capabilities, ParticipantControl
 from ..store import ObjectStore, open_store
 from ..tokens import ObjectStoreTokenStore
 from ._client import RemoteParticipant

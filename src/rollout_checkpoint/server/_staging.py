@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .. import layout
 from ..errors import CheckpointError
+from ..format import layout
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
 

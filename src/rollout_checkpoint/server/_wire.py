@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from ..control import Publication
 from ..errors import (
     CheckpointError,
     IntegrityError,
@@ -23,6 +22,7 @@ from ..errors import (
     UnsupportedSchemaError,
 )
 from ..ids import ExecutionId, Identifier
+from ..protocol import Publication
 
 __all__ = [
     "CHECKPOINT_ROUTE_PREFIX",

@@ -36,9 +36,13 @@ from typing import TypeVar
 
 import httpx
 
-from .. import layout
-from ..archive import ArchiveReader, ManifestRef
-from ..control import (
+from ..archive import ManifestRef
+from ..errors import InvalidPhaseError, StaleCheckpointError
+from ..format import layout
+from ..format.record_reader import ArchiveReader
+from ..ids import ExecutionId, validate_id
+from ..protocol import (
+    BLOCKERS_REPORTED,
     Capabilities,
     CommitReply,
     ParticipantStatus,
@@ -48,10 +52,7 @@ from ..control import (
     RestoreReply,
     ResumeReply,
 )
-from ..control_plane import BLOCKERS_REPORTED
-from ..control_plane._publication import Upload, Uploads
-from ..errors import InvalidPhaseError, StaleCheckpointError
-from ..ids import ExecutionId, validate_id
+from ..protocol._publication import Upload, Uploads
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
 from ._merge import assign_owners, execution_key, merge_staged, merged_reply, session_owners

@@ -18,13 +18,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
-from .._idcheck import validate_key
 from ..errors import (
     ConditionalWriteUnsupportedError,
     ObjectExistsError,
     ObjectNotFoundError,
     VersionChangedError,
 )
+from ..ids import validate_key
 
 __all__ = ["ObjectInfo", "ObjectStore", "PutResult", "StoreCapabilities"]
 

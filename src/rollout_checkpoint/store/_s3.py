@@ -18,10 +18,8 @@ endpoint + bucket, whoever makes it (coordinator, archive writer, token store, g
 from __future__ import annotations
 
 import contextlib
-import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 import s3fs
@@ -39,6 +37,8 @@ from ..ids import validate_key
 from ._base import ObjectInfo, PutResult, StoreCapabilities
 from ._fsspec import FsspecStore
 from ._retry import RetryPolicy, call_with_retry
+from ._s3_errors import error_code, etag_of, is_client_error, is_precondition_failed
+from ._s3_probe import PROBE_CACHE, PROBE_LOCK, ProbeResult, clear_probe_cache, decide_probe
 
 __all__ = ["MAX_SINGLE_PUT_BYTES", "ProbeResult", "S3Store", "clear_probe_cache"]
 
@@ -52,55 +52,6 @@ PROBE_PREFIX = "_probe"
 
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 _UNSUPPORTED_CODES = frozenset({"NotImplemented", "501"})
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """What the endpoint probe showed for one endpoint + bucket."""
-
-    endpoint: str
-    bucket: str
-    if_none_match: bool
-    if_match: bool
-    detail: str
-
-    @property
-    def atomic(self) -> bool:
-        return self.if_none_match and self.if_match
-
-
-_PROBE_CACHE: dict[tuple[str, str], ProbeResult] = {}
-_PROBE_LOCK = threading.Lock()
-
-
-def clear_probe_cache() -> None:
-    """Forget every probe answer (for tests, or after an endpoint was reconfigured)."""
-    with _PROBE_LOCK:
-        _PROBE_CACHE.clear()
-
-
-def _error_code(exc: BaseException) -> tuple[str, int]:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return "", 0
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return code, status
-
-
-def _is_client_error(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError)
-
-
-def _is_precondition_failed(exc: BaseException) -> bool:
-    code, status = _error_code(exc)
-    return code == "PreconditionFailed" or status == 412
-
-
-def _etag(value: Any) -> str:
-    return str(value).strip('"')
 
 
 class S3Store(FsspecStore):
@@ -210,7 +161,7 @@ class S3Store(FsspecStore):
         """A typed store error for a permanent failure (the caller raises it ``from exc``)."""
         if isinstance(exc, StoreError):
             return exc
-        code, status = _error_code(exc)
+        code, status = error_code(exc)
         where = f"{self.url}/{key}" if key else self.url
         if code in _NOT_FOUND_CODES:
             return ObjectNotFoundError(f"{where} does not exist", key=key)
@@ -218,7 +169,7 @@ class S3Store(FsspecStore):
             return StoreError(f"{what}: bucket {self.bucket!r} does not exist", key=key, code=code)
         if code in ("AccessDenied", "403", "Forbidden"):
             return StoreError(f"{what} on {where}: access denied", key=key, code=code, status=status)
-        if _is_client_error(exc):
+        if is_client_error(exc):
             return StoreError(f"{what} on {where} failed: {code} ({status}): {exc}", key=key, code=code)
         return StoreError(f"{what} on {where} failed: {type(exc).__name__}: {exc}", key=key)
 
@@ -248,7 +199,7 @@ class S3Store(FsspecStore):
             self.fs.pipe_file(f"{self.bucket}/{s3key}", data)
             return self.stat(key)
         resp = self._request("put", key, "put_object", Bucket=self.bucket, Key=s3key, Body=data)
-        return ObjectInfo(key=key, size=len(data), version=_etag(resp["ETag"]))
+        return ObjectInfo(key=key, size=len(data), version=etag_of(resp["ETag"]))
 
     def get(self, key: str) -> bytes:
         resp = self._request("get", key, "get_object", Bucket=self.bucket, Key=self._s3key(key))
@@ -271,7 +222,7 @@ class S3Store(FsspecStore):
         except TransientStoreError:
             raise
         except Exception as exc:
-            if _error_code(exc)[0] == "InvalidRange":  # start at or past the end: no bytes
+            if error_code(exc)[0] == "InvalidRange":  # start at or past the end: no bytes
                 return b""
             raise self._map_error(exc, key, "get_range") from exc
         return cast(bytes, resp["Body"])
@@ -290,7 +241,7 @@ class S3Store(FsspecStore):
 
     def stat(self, key: str) -> ObjectInfo:
         resp = self._request("stat", key, "head_object", Bucket=self.bucket, Key=self._s3key(key))
-        return ObjectInfo(key=key, size=int(resp["ContentLength"]), version=_etag(resp["ETag"]))
+        return ObjectInfo(key=key, size=int(resp["ContentLength"]), version=etag_of(resp["ETag"]))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """One fresh ``ListObjectsV2`` walk; directory markers and keys that are not valid store
@@ -311,7 +262,7 @@ class S3Store(FsspecStore):
                 validate_key(key)
             except ValueError:
                 continue
-            out.append(ObjectInfo(key=key, size=int(entry["Size"]), version=_etag(entry["ETag"])))
+            out.append(ObjectInfo(key=key, size=int(entry["Size"]), version=etag_of(entry["ETag"])))
         out.sort(key=lambda info: info.key)
         return out
 
@@ -338,11 +289,12 @@ class S3Store(FsspecStore):
         except TransientStoreError:
             raise
         except Exception as exc:
-            if _is_precondition_failed(exc):
+            if is_precondition_failed(exc):
                 # Someone's object is there -- possibly ours, from an attempt whose answer was lost.
                 return self._resolve_existing(key, data)
             raise self._map_conditional_error(exc, key, "put_if_absent") from exc
-        return PutResult(info=ObjectInfo(key=key, size=len(data), version=_etag(resp["ETag"])), created=True)
+        info = ObjectInfo(key=key, size=len(data), version=etag_of(resp["ETag"]))
+        return PutResult(info=info, created=True)
 
     def put_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
         s3key = self._s3key(key)
@@ -352,13 +304,13 @@ class S3Store(FsspecStore):
             resp = self._retrying(
                 "put_if_match",
                 lambda: self._call(
-                    "put_object", Bucket=self.bucket, Key=s3key, Body=data, IfMatch=f'"{_etag(version)}"'
+                    "put_object", Bucket=self.bucket, Key=s3key, Body=data, IfMatch=f'"{etag_of(version)}"'
                 ),
             )
         except TransientStoreError:
             raise
         except Exception as exc:
-            if not _is_precondition_failed(exc):
+            if not is_precondition_failed(exc):
                 raise self._map_conditional_error(exc, key, "put_if_match") from exc
             current = self._get_with_etag(key)
             if current is not None and current[0] == data:
@@ -372,10 +324,10 @@ class S3Store(FsspecStore):
                 expected=version,
                 found=current[1] if current else None,
             ) from exc
-        return ObjectInfo(key=key, size=len(data), version=_etag(resp["ETag"]))
+        return ObjectInfo(key=key, size=len(data), version=etag_of(resp["ETag"]))
 
     def _map_conditional_error(self, exc: Exception, key: str, what: str) -> Exception:
-        code, status = _error_code(exc)
+        code, status = error_code(exc)
         if code in _UNSUPPORTED_CODES or status == 501:
             return ConditionalWriteUnsupportedError(
                 f"{what} on {self.url}/{key}: the endpoint does not implement conditional PutObject ({code})",
@@ -389,7 +341,7 @@ class S3Store(FsspecStore):
             resp = self._request("get", key, "get_object", Bucket=self.bucket, Key=self._s3key(key))
         except ObjectNotFoundError:
             return None
-        return cast(bytes, resp["Body"]), _etag(resp["ETag"])
+        return cast(bytes, resp["Body"]), etag_of(resp["ETag"])
 
     def _resolve_existing(self, key: str, data: bytes) -> PutResult:
         """One GET (body + ETag) instead of the generic get-then-stat."""
@@ -418,7 +370,7 @@ class S3Store(FsspecStore):
     @property
     def capabilities(self) -> StoreCapabilities:
         """Atomic only where the probe showed it for this endpoint + bucket (else not yet shown)."""
-        result = _PROBE_CACHE.get(self._probe_cache_key)
+        result = PROBE_CACHE.get(self._probe_cache_key)
         return StoreCapabilities(
             atomic_put_if_absent=bool(result and result.if_none_match),
             atomic_put_if_match=bool(result and result.if_match),
@@ -435,12 +387,12 @@ class S3Store(FsspecStore):
         Transient and permission errors propagate and are not cached.
         """
         cache_key = self._probe_cache_key
-        with _PROBE_LOCK:
-            cached = _PROBE_CACHE.get(cache_key)
+        with PROBE_LOCK:
+            cached = PROBE_CACHE.get(cache_key)
             if cached is not None:
                 return cached
             result = self._run_probe()
-            _PROBE_CACHE[cache_key] = result
+            PROBE_CACHE[cache_key] = result
             return result
 
     def _run_probe(self) -> ProbeResult:
@@ -462,42 +414,19 @@ class S3Store(FsspecStore):
             except TransientStoreError:
                 raise
             except Exception as exc:
-                if not _is_client_error(exc):
+                if not is_client_error(exc):
                     raise
-                code, _ = _error_code(exc)
+                code, _ = error_code(exc)
                 if code in ("AccessDenied", "403", "NoSuchBucket"):
                     raise self._map_error(exc, key, "probe") from exc
                 return exc
 
-        def result(if_none_match: bool, if_match: bool, detail: str) -> ProbeResult:
-            return ProbeResult(self.endpoint, self.bucket, if_none_match, if_match, detail)
+        def read_back() -> bytes:
+            answer = self._request("probe", key, "get_object", Bucket=self.bucket, Key=s3key)
+            return cast(bytes, answer["Body"])
 
         try:
-            first = put(bodies[0], IfNoneMatch="*")
-            if isinstance(first, Exception):
-                return result(False, False, f"a create-only PutObject of a new key was refused: {first}")
-            second = put(bodies[1], IfNoneMatch="*")
-            if isinstance(second, Exception) and _is_precondition_failed(second):
-                none_match, etag, note = True, _etag(first["ETag"]), "If-None-Match: * enforced"
-            elif isinstance(second, Exception):
-                none_match, etag, note = False, _etag(first["ETag"]), f"If-None-Match: * answered {second}"
-            else:
-                none_match, etag = False, _etag(second["ETag"])
-                note = "If-None-Match: * IGNORED (an existing key was overwritten)"
-            third = put(bodies[2], IfMatch=f'"{etag}"')
-            if isinstance(third, Exception):
-                return result(none_match, False, f"{note}; If-Match with the current ETag failed: {third}")
-            fourth = put(bodies[3], IfMatch=f'"{etag}"')  # etag is stale now
-            if not (isinstance(fourth, Exception) and _is_precondition_failed(fourth)):
-                if isinstance(fourth, Exception):
-                    return result(none_match, False, f"{note}; If-Match with a stale ETag answered {fourth}")
-                return result(
-                    none_match, False, f"{note}; If-Match IGNORED (a stale ETag overwrote the object)"
-                )
-            stored = self._request("probe", key, "get_object", Bucket=self.bucket, Key=s3key)["Body"]
-            if stored != bodies[2]:
-                return result(none_match, False, f"{note}; If-Match refused but the object changed anyway")
-            return result(none_match, True, f"{note}; If-Match enforced")
+            return decide_probe(self.endpoint, self.bucket, put, read_back, bodies)
         finally:
             with contextlib.suppress(Exception):
                 self._call("delete_object", Bucket=self.bucket, Key=s3key)

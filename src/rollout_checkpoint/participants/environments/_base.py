@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import JsonValue
 
-from ...control import CheckpointMode
+from ...protocol import CheckpointMode
 from ..codecs import StateCodec
 from ..resources import ResourcesParticipant
 

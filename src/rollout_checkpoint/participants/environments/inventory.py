@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ...control import CheckpointMode
+from ...protocol import CheckpointMode
 from ._base import CheckedJsonCodec, splitmix64
 
 __all__ = ["ITEMS", "InventoryCodec", "InventoryEnvironment"]

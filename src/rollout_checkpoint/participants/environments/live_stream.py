@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ...control import CheckpointMode
+from ...protocol import CheckpointMode
 from ..codecs import StateCodec
 from ._base import splitmix64
 

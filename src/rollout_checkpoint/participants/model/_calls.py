@@ -6,20 +6,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from ...errors import CheckpointError, InvalidArgumentError, InvalidIdentifierError
+from ...format.records import GenerationCut, ModelCallLineageRecord
 from ...ids import ID_MAX_LENGTH, ExecutionId, validate_id
-from ...records import GenerationCut, ModelCallLineageRecord
 from ...tokens import TokenEntry, TokenPutReceipt
 from ..generation import Generation
 from ._chain import Chain, PendingCut
 from ._cuts import CutAcknowledgement, CutInventory
 
-if TYPE_CHECKING:
-    from ._participant import PolicyModelParticipant
-
-__all__ = ["CutRound", "GenerationResult", "ModelCall", "Ticket"]
+__all__ = ["CallOwner", "CutRound", "GenerationResult", "ModelCall", "Ticket"]
 
 _CUT_SUFFIX = re.compile(r"\.cut[0-9]+$")
 _CALL_ID_MAX = ID_MAX_LENGTH - 24  # room for the ``.cut<count>`` suffix of prefix entries
@@ -68,11 +65,27 @@ class CutRound:
     validated: bool = False
 
 
+class CallOwner(Protocol):
+    """What a :class:`ModelCall` needs of the participant that admitted it (the policy model
+    participant; a protocol, so this module does not import the participant)."""
+
+    def _stage(
+        self,
+        call: ModelCall,
+        prompt_token_ids: Sequence[int],
+        generation_token_ids: Sequence[int],
+        generation_log_probs: Sequence[float],
+        mask: Sequence[int] | None,
+    ) -> ModelCallLineageRecord: ...
+
+    def _close_call(self, call: ModelCall) -> None: ...
+
+
 class ModelCall:
     """An admitted call whose generation runs outside this package; :meth:`stage` its tokens."""
 
     def __init__(
-        self, participant: PolicyModelParticipant, execution: ExecutionId, call_id: str, policy_version: str
+        self, participant: CallOwner, execution: ExecutionId, call_id: str, policy_version: str
     ) -> None:
         self.participant = participant
         self.execution = execution

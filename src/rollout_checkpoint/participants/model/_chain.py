@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from ...control_plane import restamp, wrong_kind
 from ...errors import CheckpointError, InvalidRecordError
+from ...format.records import GenerationCut, ModelCallLineageRecord, Record, TokenStoreReceipt
 from ...ids import ExecutionId
-from ...records import GenerationCut, ModelCallLineageRecord, Record, TokenStoreReceipt
+from ...protocol import restamp, wrong_kind
 from ...tokens import TokenPutReceipt, TokenSource
 from ..generation import InlinePrefix, StagedPrefix
 from ._cuts import check_cut_evidence

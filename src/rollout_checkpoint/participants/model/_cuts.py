@@ -19,8 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import DeadlineExceededError, GenerationCutError
+from ...format.records import GenerationCut
 from ...ids import Identifier
-from ...records import GenerationCut
 from ...tokens import TokenEntry, TokenPutReceipt, prefix_digest, token_key
 
 __all__ = [

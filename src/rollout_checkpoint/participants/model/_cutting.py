@@ -16,10 +16,9 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from ...control import Phase, PrepareReport
-from ...control_plane import Participant, execution_key
 from ...errors import CheckpointError, GenerationCutError
 from ...ids import ExecutionId
+from ...protocol import Participant, Phase, PrepareReport, execution_key
 from ...tokens import TokenEntry, TokenPutReceipt, TokenSink, prefix_digest
 from ..generation import FrozenBuffer, Generation
 from ._calls import CutRound, Ticket, token_entry

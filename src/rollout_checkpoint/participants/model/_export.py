@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..._columnar import RecordBatch, check_ids, check_lengths, check_non_negative, encode_docs
 from ...errors import InvalidRecordError
+from ...format.columnar import RecordBatch, check_ids, check_lengths, check_non_negative, encode_docs
+from ...format.records import RECORD_SCHEMA_VERSION, GenerationCut, ModelCallLineageRecord, TokenStoreReceipt
 from ...ids import ExecutionId
-from ...records import RECORD_SCHEMA_VERSION, GenerationCut, ModelCallLineageRecord, TokenStoreReceipt
 from ._calls import Ticket
 from ._chain import Chain
 from ._cuts import CutAcknowledgement

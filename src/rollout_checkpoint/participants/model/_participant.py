@@ -10,15 +10,6 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from ...control import WorkerTopology
-from ...control_plane import (
-    DEFAULT_LEASE_GRACE_SECONDS,
-    Export,
-    Readiness,
-    RecordBatches,
-    execution_key,
-    scope_test,
-)
 from ...errors import (
     GenerationCutError,
     IdentityConflictError,
@@ -27,8 +18,17 @@ from ...errors import (
     StaleAttemptError,
     UnknownExecutionError,
 )
+from ...format.records import GenerationCut, ModelCallLineageRecord, Record
 from ...ids import ExecutionId, validate_id
-from ...records import GenerationCut, ModelCallLineageRecord, Record
+from ...protocol import (
+    DEFAULT_LEASE_GRACE_SECONDS,
+    Export,
+    Readiness,
+    RecordBatches,
+    WorkerTopology,
+    execution_key,
+    scope_test,
+)
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
 from ._calls import (

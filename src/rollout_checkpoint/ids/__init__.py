@@ -1,0 +1,28 @@
+"""Identifiers that become parts of object keys, and the execution identity of a rollout.
+
+A base package every layer imports; it imports only ``errors``. The checks (``validate_id``,
+``validate_key``) load without pydantic, so the store and the archive write path stay light;
+the pydantic types (``Identifier``, ``CheckpointId``, ``ExecutionId``) load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
+from ._keys import ID_MAX_LENGTH, ID_PATTERN, validate_id, validate_key
+
+if TYPE_CHECKING:
+    from ._models import CheckpointId, ExecutionId, Identifier
+
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(("CheckpointId", "ExecutionId", "Identifier"), "._models"))
+
+__all__ = [
+    "ID_MAX_LENGTH",
+    "ID_PATTERN",
+    "CheckpointId",
+    "ExecutionId",
+    "Identifier",
+    "validate_id",
+    "validate_key",
+]
