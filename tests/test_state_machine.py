@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _reference_world import RealWorld
+from rollout_checkpoint.coordinator import RestoreFailedError
 from rollout_checkpoint.errors import CheckpointNotFoundError, CheckpointRejectedError, StaleAttemptError
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.commit_log import list_published
@@ -310,6 +311,35 @@ class ProtocolMachine(RuleBasedStateMachine):
                 assert boundary is not None and boundary.attempt == nxt.attempt
                 world.turns[item.rollout_id] = boundary.boundary_index
                 self._continue_cuts(nxt)
+
+    @precondition(lambda self: not self.crashed and bool(self.order))
+    @rule(fallback=st.booleans())
+    def restore_that_must_be_refused(self, fallback: bool) -> None:
+        """A restore into participants that hold live work is refused and changes nothing: every
+        participant, the registry and the store stay as they were; live attempts still work."""
+        world = self.world
+        if not any(p.status().live for p in world.participants):
+            return
+
+        def state() -> object:
+            return (
+                [(p.status(), p.fence.snapshot()) for p in world.participants],
+                [(i.execution, i.state) for i in world.registry.executions()],
+                sorted(i.key for i in self.store.list("")),
+            )
+
+        before = state()
+        try:
+            world.coordinator.restore(verify=True, fallback=fallback)
+        except (RestoreFailedError, CheckpointRejectedError, CheckpointNotFoundError):
+            pass
+        else:
+            raise AssertionError("a restore into participants with live work was not refused")
+        assert state() == before
+        for info in self._entries("queued", "running", "finished"):
+            world.registry.check(info.execution)
+            for participant in world.participants:
+                assert not participant.fence.is_retired(info.execution), (participant.kind, info)
 
     @precondition(lambda self: not self.crashed)
     @rule(data=st.data(), cut_at=st.integers(0, 6), crash=st.booleans())
