@@ -22,7 +22,12 @@ import pytest
 from _http import served
 from _reference_world import RealWorld
 from rollout_checkpoint.coordinator import Coordinator, MissingParticipantError, RestoreFailedError
-from rollout_checkpoint.errors import CheckpointError, CheckpointRejectedError, InvalidRecordError
+from rollout_checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointRejectedError,
+    InvalidRecordError,
+)
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
@@ -302,3 +307,16 @@ def test_failure_after_every_participant_installed_is_undone(
 
         _refused(r, r.coordinator(fault_hook=fail), cid, RestoreFailedError)
         _restores_after(r, cid)
+
+
+def test_a_removed_record_leaves_nothing_published(source: tuple[LocalStore, str]) -> None:
+    """D6: checkpoint, crash, ``published/<id>.json`` removed: its sequence claim cannot be told
+    from an interrupted publish, so nothing is published; restore says so and touches nothing."""
+    store, cid = source
+    store.delete(layout.published_key(cid))
+    with rig(store, "in-process") as r:
+        before = r.fingerprint()
+        with pytest.raises(CheckpointNotFoundError) as info:
+            r.coordinator().restore(verify=True, fallback=True)
+        assert f"claimed by {cid} but no published record" in info.value.message
+        assert r.fingerprint() == before

@@ -20,6 +20,7 @@ prefix, and a restore from it continues that prefix exactly).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -295,6 +296,13 @@ class ProtocolMachine(RuleBasedStateMachine):
             except CheckpointRejectedError:
                 self.crashed = False  # nothing to resume from: the framework starts afresh
                 return
+            except CheckpointNotFoundError as exc:
+                # every record was removed: a sequence claim without its record cannot be told
+                # from an interrupted publish, so nothing is published (and the error says so)
+                assert not self._published(), exc
+                assert "no published record" in exc.message, exc.message
+                self.crashed = False
+                return
             raise AssertionError("restored although every published checkpoint is damaged")
         outcome = world.coordinator.restore(verify=True, fallback=True)
         assert outcome.source_checkpoint_id == intact[-1]
@@ -541,7 +549,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
 
 ProtocolMachine.TestCase.settings = settings(
-    max_examples=25,
+    # soak runs raise it: RC_STATE_MACHINE_EXAMPLES=2000 pytest tests/test_state_machine.py
+    max_examples=int(os.environ.get("RC_STATE_MACHINE_EXAMPLES", "25")),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

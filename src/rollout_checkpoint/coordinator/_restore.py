@@ -33,20 +33,23 @@ class RestoreOperations(CheckpointCycle):
         *,
         deadline_s: float = 60.0,
         restore_id: str | None = None,
-        verify: bool = False,
+        verify: bool = True,
         fallback: bool = False,
     ) -> RestoreOutcome:
         """Restore a published checkpoint (latest by default) into the participants.
 
         All-or-nothing: the checkpoint is loaded and classified first (a rejected checkpoint
         touches nothing); then every participant restores the ``continue`` executions as attempt
-        N+1 under a new ``restore_id``. If any participant fails, the new attempts are retired
-        everywhere, every participant is resumed, the registry is left unchanged and
-        :class:`RestoreFailedError` is raised. On success the registry holds the rebuilt plan
-        and the participants stay paused until :meth:`resume` ``(restore_id)``.
-        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.reader.load_checkpoint`:
-        digest-check everything first, and use the newest checkpoint that loads (verifies) when
-        the requested one is damaged (``outcome.plan.skipped`` says what was passed over).
+        N+1 under a new ``restore_id``. If anything fails, the restore is undone at every
+        participant it reached (``abort_restore``: each puts back what it installed), the
+        registry is left unchanged and :class:`RestoreFailedError` is raised: nothing changed.
+        On success the registry holds the rebuilt plan and the participants stay paused until
+        :meth:`resume` ``(restore_id)``. ``verify`` / ``fallback`` are those of
+        :func:`~rollout_checkpoint.reader.load_checkpoint`: by default every byte the restore
+        installs and every token row a continuing rollout depends on is digest-checked first
+        (``verify=False``, the cheap plan, skips that and says so in ``plan.notes``);
+        ``fallback`` uses the newest checkpoint that loads (verifies) when the requested one is
+        damaged (``outcome.plan.skipped`` says what was passed over).
         """
         with self._cycle:
             plan = load_checkpoint(
