@@ -52,7 +52,7 @@ def test_populated_deployment_then_list_classify_verify(tmp_path: Path) -> None:
 
     # the plan of the reference participants' checkpoint was read from indexes, not payloads
     counting = CountingStore(LocalStore(target))
-    assert load_checkpoint(counting).counts() == demo["counts"]
+    assert load_checkpoint(counting, verify=False).counts() == demo["counts"]
     assert counting.keys_read and not [k for k in counting.keys_read if "/shards/" in k]
 
     verified = runner.invoke(app, ["verify", str(target), "--json"])

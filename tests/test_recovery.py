@@ -253,9 +253,13 @@ def test_corrupt_shard_fails_verify_but_not_classification(dep: Deployment, toke
     data = bytearray(dep.store.get(shard))
     data[len(data) // 2] ^= 0xFF
     dep.store.put(shard, bytes(data))
-    assert load_checkpoint(dep.store, cid).rollouts["r"].disposition == "continue"
+    cheap = load_checkpoint(dep.store, cid, verify=False)  # the cheap plan reads indexes only
+    assert cheap.rollouts["r"].disposition == "continue"
+    assert cheap.unverified and any(n.startswith("unverified") for n in cheap.notes)
     with pytest.raises(CheckpointRejectedError, match="failed verification"):
         verify_checkpoint(dep.store, cid)
+    with pytest.raises(CheckpointRejectedError, match="failed verification"):
+        load_checkpoint(dep.store, cid)  # the default verifies: fail closed
 
 
 # -- reading costs and selection ------------------------------------------------------------------
@@ -268,7 +272,7 @@ def test_plan_reads_no_shard_payload(dep: Deployment, tokens: FakeTokens) -> Non
         dep.completed(f"done{i}")
     cid = dep.coordinator.checkpoint().checkpoint_id
     counting = CountingStore(dep.store)
-    plan = load_checkpoint(counting, cid)
+    plan = load_checkpoint(counting, cid, verify=False)
     assert plan.counts() == {"completed": 5, "continue": 20, "fresh_dispatch": 0}
     assert counting.keys_read, "the plan was read through the counting store"
     assert not [k for k in counting.keys_read if "/shards/" in k]

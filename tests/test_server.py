@@ -43,7 +43,8 @@ from rollout_checkpoint.server import (
 from rollout_checkpoint.store import LocalStore
 
 TOKEN = "tok-7f3a9c-not-for-logs"
-ROUTES = ["status", "prepare", "renew", "commit", "collect", "restore", "resume", "retire", "forget"]
+ROUTES = ["status", "prepare", "renew", "commit", "collect", "restore", "resume", "abort-restore"]
+ROUTES += ["retire", "forget"]
 
 
 def _auth(token: str = TOKEN) -> dict[str, str]:

@@ -52,14 +52,16 @@ def test_damaged_token_shard_fails_verify_but_not_classification(tmp_path: Path,
     else:
         shard.unlink()
     # classification reads the snapshot manifest only, which is intact
-    assert load_checkpoint(store).counts()["continue"] > 0
-    plan = load_checkpoint(store)
+    assert load_checkpoint(store, verify=False).counts()["continue"] > 0
+    plan = load_checkpoint(store, verify=False)
     receipt = TokenSnapshotReceipt.model_validate(plan.record.token_snapshot)
     with pytest.raises(IntegrityError):
         verify_snapshot_data(store, receipt)
     with pytest.raises(CheckpointRejectedError) as info:
         verify_checkpoint(store)
     assert "token" in info.value.message
+    with pytest.raises(CheckpointRejectedError):  # the default load verifies: fail closed
+        load_checkpoint(store)
     result = CliRunner().invoke(app, ["verify", str(root)])
     assert result.exit_code == 1
     assert "token" in result.output

@@ -33,20 +33,23 @@ class RestoreOperations(CheckpointCycle):
         *,
         deadline_s: float = 60.0,
         restore_id: str | None = None,
-        verify: bool = False,
+        verify: bool = True,
         fallback: bool = False,
     ) -> RestoreOutcome:
         """Restore a published checkpoint (latest by default) into the participants.
 
         All-or-nothing: the checkpoint is loaded and classified first (a rejected checkpoint
         touches nothing); then every participant restores the ``continue`` executions as attempt
-        N+1 under a new ``restore_id``. If any participant fails, the new attempts are retired
-        everywhere, every participant is resumed, the registry is left unchanged and
-        :class:`RestoreFailedError` is raised. On success the registry holds the rebuilt plan
-        and the participants stay paused until :meth:`resume` ``(restore_id)``.
-        ``verify`` / ``fallback`` are those of :func:`~rollout_checkpoint.reader.load_checkpoint`:
-        digest-check everything first, and use the newest checkpoint that loads (verifies) when
-        the requested one is damaged (``outcome.plan.skipped`` says what was passed over).
+        N+1 under a new ``restore_id``. If anything fails, the restore is undone at every
+        participant it reached (``abort_restore``: each puts back what it installed), the
+        registry is left unchanged and :class:`RestoreFailedError` is raised: nothing changed.
+        On success the registry holds the rebuilt plan and the participants stay paused until
+        :meth:`resume` ``(restore_id)``. ``verify`` / ``fallback`` are those of
+        :func:`~rollout_checkpoint.reader.load_checkpoint`: by default every byte the restore
+        installs and every token row a continuing rollout depends on is digest-checked first
+        (``verify=False``, the cheap plan, skips that and says so in ``plan.notes``);
+        ``fallback`` uses the newest checkpoint that loads (verifies) when the requested one is
+        damaged (``outcome.plan.skipped`` says what was passed over).
         """
         with self._cycle:
             plan = load_checkpoint(
@@ -108,12 +111,11 @@ class RestoreOperations(CheckpointCycle):
                             self._call(name, "retire", participant.retire, batch, deadline)
                 self.registry.install(entries, retired)
             except BaseException as exc:
-                self._undo_restore(rid, touched, continued, deadline)
+                self._undo_restore(rid, touched, deadline)
                 if isinstance(exc, CheckpointError):
                     raise RestoreFailedError(
-                        f"restore {rid} of {plan.checkpoint_id} failed and was rolled back: {exc.message}; "
-                        "the new attempts are retired here, so restart those rollouts from their input "
-                        "or restore into fresh participants",
+                        f"restore {rid} of {plan.checkpoint_id} failed and was undone (participants and "
+                        f"registry are as they were): {exc.message}",
                         restore_id=rid,
                         checkpoint_id=plan.checkpoint_id,
                         cause=exc.code,
@@ -122,23 +124,23 @@ class RestoreOperations(CheckpointCycle):
             return RestoreOutcome(rid, plan.checkpoint_id, plan, restored)
 
     def _undo_restore(
-        self,
-        rid: str,
-        touched: Sequence[tuple[str, ParticipantControl]],
-        continued: Sequence[ExecutionId],
-        deadline: float,
+        self, rid: str, touched: Sequence[tuple[str, ParticipantControl]], deadline: float
     ) -> None:
+        """Undo the restore at every participant it reached, last stage first; never raises.
+
+        Each participant drops what it installed and puts its tombstones back; one that refused
+        (or never saw ``rid``) only fences the id. A call that failed may have been applied with
+        its answer lost, so it is undone too. One that cannot be reached reopens by lease expiry.
+        """
         cleanup = max(deadline, self.clock() + self.cleanup_grace_s)
-        new_attempts = [e.next_attempt() for e in continued]
-        for stage in RETIRE_ORDER:
-            for name, participant in touched:
-                if name.split("/", 1)[0] in stage and new_attempts:
-                    try:
-                        participant.retire(new_attempts, cleanup)
-                    except Exception as exc:
-                        log.warning("restore %s: retiring new attempts at %s failed: %s", rid, name, exc)
-        for error in self._resume_all(rid, list(touched), cleanup, hook=False):
-            log.warning("restore %s: %s", rid, error)
+        for name, participant in reversed(touched):
+            for attempt in range(self.call_retries + 1):
+                try:
+                    participant.abort_restore(rid, cleanup)
+                    break
+                except Exception as exc:
+                    if attempt >= self.call_retries:
+                        log.warning("restore %s: undoing it at %s failed: %s", rid, name, exc)
 
     def _missing(self, rid: str, source: str, missing: Sequence[str]) -> MissingParticipantError:
         return MissingParticipantError(

@@ -420,13 +420,15 @@ class Candidate:
     passed: tuple[str, ...] = ()
 
 
-def iter_candidates(store: ObjectStore) -> Iterator[Candidate]:
+def iter_candidates(store: ObjectStore, trailing: list[str] | None = None) -> Iterator[Candidate]:
     """Published checkpoints newest first, reading claims lazily (the newest costs one read).
 
     Claims come first, highest sequence first; a claim whose record does not exist (a publish
     interrupted between claim and record, or a removed record) is passed over and reported.
     Records no claim names (schema version 1) follow, ordered by their own sequence; one that
     does not parse comes first among them, so a reader fails closed instead of skipping it.
+    Claims passed over after the last candidate are appended to ``trailing`` when the iteration
+    ends (so "nothing published" can say why).
     """
     published = set(_published_ids(store))
     named: set[str] = set()
@@ -465,6 +467,8 @@ def iter_candidates(store: ObjectStore) -> Iterator[Candidate]:
     for item in broken + usable:
         yield Candidate(item.checkpoint_id, item.record.sequence if item.record else None, tuple(passed))
         passed = []
+    if trailing is not None:
+        trailing.extend(passed)
 
 
 def pointer_note(hint: PointerHint, newest: Candidate | None) -> str | None:

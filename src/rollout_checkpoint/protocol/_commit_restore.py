@@ -324,6 +324,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
             )
             self._phase = Phase.RESTORED
             self._replies.restore = reply
+            self._restore_undo = (checkpoint_id, before, tuple(restored))
             self._changed()
             return reply
 

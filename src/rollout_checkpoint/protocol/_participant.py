@@ -15,6 +15,7 @@ import abc
 from collections.abc import Sequence
 
 from ..errors import InvalidPhaseError
+from ..format.fencing import AttemptFence
 from ..ids import ExecutionId, validate_id
 from ._commit_restore import CommitRestore
 from ._hooks import BLOCKERS_REPORTED, execution_key
@@ -79,6 +80,43 @@ class Participant(CommitRestore, abc.ABC):
             self._end_checkpoint("resume")
             if frozen:  # encoding and upload run after the resume
                 self._uploads.launch(checkpoint_id)
+            return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
+
+    def abort_restore(self, checkpoint_id: str, deadline: float) -> ResumeReply:
+        """Undo the restore ``checkpoint_id`` if it installed here, and end it for good.
+
+        A coordinator whose restore failed (another participant refused, a deadline passed)
+        calls this at every participant it reached, so a refused restore changes nothing: the
+        attempts it installed here are dropped and the tombstones are put back as they were
+        before it (which also undoes the retires of the restore's own fencing step). A restore
+        still reading is ended (it then installs nothing). Where another checkpoint or restore
+        is active, or the id was never seen, only the id is fenced, so a delayed copy can never
+        install: nothing else changes. Idempotent; a restore already resumed is not undone (its
+        attempts may have run), the answer is idempotent then.
+        """
+        validate_id(checkpoint_id, "checkpoint_id")
+        with self._cond:
+            self._check_lease()
+            check_deadline(deadline, self._clock(), "abort_restore")
+            if checkpoint_id in self._resumed or self._active != checkpoint_id:
+                self._resumed.remember(checkpoint_id)
+                return ResumeReply(checkpoint_id=checkpoint_id, phase=self._phase, idempotent=True)
+            if self._phase is Phase.RESTORED:
+                undo = self._restore_undo
+                assert undo is not None and undo[0] == checkpoint_id
+                _, tombstones, installed = undo
+                self._retire_state(installed)
+                for execution in installed:
+                    self._unregister(execution)
+                self.fence = AttemptFence(tombstones)
+                self.events["restore_aborted"] += 1
+            elif not self._restoring():
+                raise InvalidPhaseError(
+                    f"abort_restore {checkpoint_id}: it is a checkpoint here ({self._phase.value}), "
+                    "not a restore; resume it instead",
+                    phase=self._phase.value,
+                )
+            self._end_checkpoint("restore aborted")
             return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:

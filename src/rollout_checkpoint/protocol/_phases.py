@@ -83,6 +83,9 @@ class PhaseMachine:
         self._lease = Lease(self._clock, self._on_lease_timer, f"lease-{self.kind}-{self.instance}")
         self._resumed = ResumedIds()
         self._replies = ReplyCache()
+        # what an installed, not yet resumed restore changed: (restore id, tombstones before it,
+        # the attempts it installed), so ``abort_restore`` can put everything back
+        self._restore_undo: tuple[str, dict[str, int], tuple[ExecutionId, ...]] | None = None
         self._live: dict[str, ExecutionId] = {}
         self._effects: dict[str, list[UnsafeEffect]] = {}
         self._uploads = Uploads(f"{kind}/{instance}", self._clock)
@@ -170,6 +173,7 @@ class PhaseMachine:
         self._phase = Phase.IDLE
         self._generation += 1
         self._replies.clear()
+        self._restore_undo = None
         self._lease.clear()
         self._set_accepting(True)
 

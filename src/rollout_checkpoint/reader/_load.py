@@ -89,11 +89,17 @@ def _skippable(exc: CheckpointError) -> bool:
     return isinstance(exc, CheckpointRejectedError) and "unsafe_effects" not in exc.details
 
 
+UNVERIFIED_NOTE = (
+    "unverified: loaded with verify=False, so no shard, index or token row was digest-checked; "
+    "a damaged payload shows only when a restore reads it"
+)
+
+
 def load_checkpoint(
     url_or_store: str | ObjectStore,
     checkpoint_id: str | None = None,
     *,
-    verify: bool = False,
+    verify: bool = True,
     fallback: bool = False,
     token_snapshot_loader: TokenSnapshotLoader | None = None,
     **storage_options: Any,
@@ -103,10 +109,11 @@ def load_checkpoint(
     Raises :class:`CheckpointNotFoundError` when nothing is published and
     :class:`CheckpointRejectedError` (with ``details["reason"]``) when the checkpoint must not
     be used. Reads the record (checked against its digest and sequence claim), the aggregate,
-    the component manifests, their member indexes and the token snapshot manifest; never a
-    shard payload. ``verify=True`` also digest-checks every shard, index and token shard the
-    plan depends on. ``fallback=True``: when that checkpoint is rejected as damaged, use the
-    newest older one that loads (and verifies), listing what was passed over in
+    the component manifests, their member indexes and the token snapshot manifest, and by
+    default (``verify=True``: fail closed) digest-checks every shard, index and token row the
+    plan depends on. ``verify=False`` is the cheap plan (no shard payload read); it says so
+    (:attr:`RecoveryPlan.unverified`, a note). ``fallback=True``: when that checkpoint is
+    rejected as damaged, use the newest older one that loads (and verifies), listing what was passed over in
     :attr:`RecoveryPlan.skipped`. Without ``fallback`` a damaged newest checkpoint is an error,
     never a silent step back.
     """
@@ -115,10 +122,12 @@ def load_checkpoint(
     notes: list[str] = []
     if checkpoint_id is not None and not fallback:
         plan = _load_one(base, validate_id(checkpoint_id, "checkpoint_id"), verify, token_snapshot_loader)
+        if not verify:
+            plan.notes.append(UNVERIFIED_NOTE)
         plan.seconds = time.perf_counter() - started
         return plan
     hint = read_pointer_hint(base) if checkpoint_id is None else None
-    candidates = iter_candidates(base)
+    candidates = iter_candidates(base, trailing=notes)
     if checkpoint_id is not None:
         wanted = validate_id(checkpoint_id, "checkpoint_id")
         candidates = itertools.dropwhile(lambda c: c.checkpoint_id != wanted, candidates)
@@ -142,6 +151,8 @@ def load_checkpoint(
             skipped.append(SkippedCheckpoint(candidate.checkpoint_id, exc.code, exc.message))
             continue
         plan.notes, plan.skipped = notes, skipped
+        if not verify:
+            plan.notes.append(UNVERIFIED_NOTE)
         plan.seconds = time.perf_counter() - started
         return plan
     if skipped:
@@ -157,7 +168,13 @@ def load_checkpoint(
         raise CheckpointNotFoundError(
             f"{base.url}: no published checkpoint {checkpoint_id!r}", checkpoint_id=checkpoint_id
         )
-    raise CheckpointNotFoundError(f"{base.url}: no published checkpoint", url=base.url, notes=notes)
+    # a sequence claim without its record (a publish interrupted before its commit point, or a
+    # removed record: the store cannot tell them apart) publishes nothing; the message says so
+    raise CheckpointNotFoundError(
+        f"{base.url}: no published checkpoint" + (f" ({'; '.join(notes)})" if notes else ""),
+        url=base.url,
+        notes=notes,
+    )
 
 
 def _load_one(

@@ -84,7 +84,12 @@ class RecoveryPlan:
     skipped: list[SkippedCheckpoint] = field(default_factory=list)
     """Newer checkpoints ``fallback=True`` passed over because they failed verification."""
     verified: VerifyReport | None = None
-    """Set by ``verify=True``: every object the plan depends on was digest-checked."""
+    """Set by ``verify=True`` (the default): every object the plan depends on was digest-checked."""
+
+    @property
+    def unverified(self) -> bool:
+        """Loaded with ``verify=False``: only manifests and indexes were checked, no payload."""
+        return self.verified is None
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = dict.fromkeys(DISPOSITIONS, 0)

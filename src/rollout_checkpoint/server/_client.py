@@ -164,6 +164,10 @@ class RemoteParticipant:
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
         return self._http.call("POST", "/resume", body, ResumeReply, deadline)
 
+    def abort_restore(self, checkpoint_id: str, deadline: float) -> ResumeReply:
+        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        return self._http.call("POST", "/abort-restore", body, ResumeReply, deadline)
+
     def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
         batch = _executions(executions) or []
         if batch:

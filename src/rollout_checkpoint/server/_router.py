@@ -1,6 +1,7 @@
 """The checkpoint control routes as a FastAPI router any app mounts (NeMo Gym's names).
 
-``GET /status`` and ``POST /prepare /renew /commit /collect /restore /resume /retire /forget`` under
+``GET /status`` and ``POST /prepare /renew /commit /collect /restore /resume /abort-restore /retire
+/forget`` under
 :data:`CHECKPOINT_ROUTE_PREFIX`, each protected by a bearer token compared in constant time,
 each wrapping one operation of any :class:`~rollout_checkpoint.protocol.ParticipantControl`.
 
@@ -267,6 +268,10 @@ def checkpoint_router(
     @router.post("/resume", response_model=ResumeReply, summary="reopen admission (also the abort)")
     async def resume(body: CheckpointRequest) -> ResumeReply:
         return await blocking(participant.resume, body.checkpoint_id, body.deadline_ts)
+
+    @router.post("/abort-restore", response_model=ResumeReply, summary="undo a restore that failed elsewhere")
+    async def abort_restore(body: CheckpointRequest) -> ResumeReply:
+        return await blocking(participant.abort_restore, body.checkpoint_id, body.deadline_ts)
 
     @router.post("/retire", response_model=RetireReply, summary="tombstone attempts everywhere here")
     async def retire(body: RetireRequest) -> RetireReply:

@@ -17,7 +17,8 @@ operation reaches every worker and the answers are merged:
 * ``restore``: the executions of one pre-crash owner go to one live worker, owners spread
   evenly (fewest executions, then fewest owners); each worker restores its share from the merged
   archive, every other worker fences attempt N of it; old owners are aliased to their new
-  workers so routed requests find the restored state;
+  workers so routed requests find the restored state; ``abort_restore`` reaches every worker (each
+  undoes its share) and puts the routing back;
 * ``resume``, ``renew``, ``retire``, ``forget``: reach every worker.
 """
 
@@ -100,6 +101,8 @@ class WorkerGroup:
         self._resumed: OrderedDict[str, None] = OrderedDict()  # the last RESUMED_IDS_KEPT ids
         self._aliases: dict[str, str] = {}
         self._rollouts: dict[str, str] = {}
+        # routing as it was before each restore not yet resumed (``abort_restore`` puts it back)
+        self._routing_before: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._staging = StagingAreas()  # the staged copies a resume drops
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
         self._uploads = Uploads("worker-group", time.time)
@@ -454,6 +457,7 @@ class WorkerGroup:
         self._each(lambda w: w.client.retire(others[w.worker_id], deadline), workers)
         restored = sorted({e for r in replies.values() for e in r.restored}, key=execution_key)
         with self._lock:
+            self._routing_before[checkpoint_id] = (dict(self._aliases), dict(self._rollouts))
             self._aliases.update({owner: target for owner, target in placement.items()})
             for target, executions in shares.items():
                 for execution in executions:
@@ -468,6 +472,7 @@ class WorkerGroup:
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         validate_id(checkpoint_id, "checkpoint_id")
         with self._lock:  # decided under the lock commit publishes under: before or after, never both
+            self._routing_before.pop(checkpoint_id, None)
             self._resumed[checkpoint_id] = None
             while len(self._resumed) > RESUMED_IDS_KEPT:
                 self._resumed.popitem(last=False)
@@ -480,6 +485,20 @@ class WorkerGroup:
             # after the workers' resume: a frozen worker's upload has started, so settling waits for it
             self._staging.drop_later(drops)
         self._uploads.launch(checkpoint_id)  # an asynchronous commit's merge, after the workers'
+        return ResumeReply(
+            checkpoint_id=checkpoint_id,
+            phase=Phase.IDLE,
+            idempotent=all(r.idempotent for r in replies.values()),
+        )
+
+    def abort_restore(self, checkpoint_id: str, deadline: float) -> ResumeReply:
+        """Undo a restore at every worker (each puts back what it installed) and the routing."""
+        validate_id(checkpoint_id, "checkpoint_id")
+        replies = self._each(lambda w: w.client.abort_restore(checkpoint_id, deadline))
+        with self._lock:
+            before = self._routing_before.pop(checkpoint_id, None)
+            if before is not None:
+                self._aliases, self._rollouts = before
         return ResumeReply(
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,
