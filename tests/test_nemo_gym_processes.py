@@ -25,6 +25,7 @@ require_gym()
 
 from rollout_checkpoint.integrations.nemo_gym.deployment import GymDeployment, GymServers  # noqa: E402
 from rollout_checkpoint.integrations.nemo_gym.scenario import PROMPT, run_scenario  # noqa: E402
+from rollout_checkpoint.store import open_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -193,5 +194,49 @@ def test_a_gym_deployment_without_rollout_identity_fails_closed_naming_the_setti
         assert run.status_code == 400 and run.json()["error"]["code"] == "rollout_id_required"
         status = dep.remote("resources").status()
         assert status.live == 0  # nothing was served into state that could not be restored
+    finally:
+        dep.stop()
+
+
+def test_gyms_counter_server_keyed_by_typed_episode_ids_restores_its_counter_after_a_sigkill(
+    tmp_path: Path,
+) -> None:
+    servers = _servers(
+        tmp_path,
+        resources_class="resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
+        observability=False,  # no /ng-rollout/ prefix: the identity comes from the bodies
+    )
+    dep = GymDeployment(servers)
+    first, second = {"rollout_id": "c1", "attempt": 0}, {"rollout_id": "c1", "attempt": 1}
+    try:
+        dep.start("resources")
+        dep.wait_ready("resources")
+        url = dep.url("resources")
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as client:
+            seeded = client.post("/seed_session", json={"initial_count": 3, "episode_id": first})
+            assert seeded.status_code == 200 and seeded.headers["x-rc-revision"] == "0"
+            bumped = client.post("/increment_counter", json={"count": 2, "episode_id": first})
+            assert bumped.headers["x-rc-revision"] == "1"
+            remote = dep.remote("resources")
+            deadline = time.time() + 30
+            assert remote.prepare("ck-counter", deadline).ready
+            reply = remote.commit("ck-counter", open_store(servers.store), deadline)
+            assert [(e.rollout_id, e.attempt) for e in reply.executions] == [("c1", 0)]
+            remote.resume("ck-counter", deadline)
+            client.post("/increment_counter", json={"count": 10, "episode_id": first})  # lost in the crash
+            dep.kill("resources")
+            dep.restart("resources")  # paused until restored
+            remote = dep.remote("resources")
+            restored = remote.restore("rs-counter", "ck-counter", open_store(servers.store), time.time() + 30)
+            assert [(e.rollout_id, e.attempt) for e in restored.restored] == [("c1", 1)]
+            remote.resume("rs-counter", time.time() + 30)
+            # the cookie issued before the crash still names the session; Gym's dict holds the state
+            value = client.post("/get_counter_value", json={"episode_id": second})
+            assert value.status_code == 200 and value.json() == {"count": 5}
+            late = client.post("/increment_counter", json={"count": 1, "episode_id": first})
+            assert late.status_code == 409 and late.json()["error"]["code"] == "stale_attempt"
+            anonymous = client.post("/increment_counter", json={"count": 1})
+            assert anonymous.status_code == 400 and anonymous.json()["error"]["code"] == "rollout_id_required"
+            assert client.post("/get_counter_value", json={"episode_id": second}).json() == {"count": 5}
     finally:
         dep.stop()

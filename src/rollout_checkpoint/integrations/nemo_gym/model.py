@@ -6,10 +6,12 @@ pure function of the seed and the conversation (:func:`blackjack_move`: hit belo
 else stand), so an uninterrupted run and a resumed run can be compared exactly. Every call goes
 through a :class:`~rollout_checkpoint.participants.PolicyModelParticipant`: admitted under the
 rollout identity of its ``/ng-rollout/<capture key>/`` prefix and the agent's ``x-rc-call-id``
-(parked while a checkpoint runs), its tokens (the UTF-8 bytes of prompt and reply) staged
-durably in the token store, then delivered into the rollout's lineage, so lineage and receipts
-in a checkpoint are real. ``delay_s`` holds each call that long (a slow model, so checkpoints
-find rollouts waiting on it); ``call_log`` appends one JSON line per delivered call.
+once its reply is computed (so a reply that is ready while a checkpoint runs is held until
+resume, and prepare never waits for the model's latency), its tokens (the UTF-8 bytes of prompt
+and reply) staged durably in the token store, then delivered into the rollout's lineage, so
+lineage and receipts in a checkpoint are real. ``delay_s`` is the time each reply takes (a slow
+model, so checkpoints find rollouts waiting on it); ``call_log`` appends one JSON line per
+delivered call.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ...server import (
     install_error_handlers,
     install_participant,
     run_blocking,
+    status_for,
 )
 from ...store import open_store
 from ...tokens import ObjectStoreTokenStore
@@ -105,7 +108,9 @@ class ScriptedResponsesModel(SimpleResponsesAPIModel):
         return app
 
     async def chat_completions(self, body: Any = _BODY) -> Any:
-        raise NotImplementedError("the scripted model speaks the Responses API only")
+        return error_response(
+            400, "unsupported_operation", "the scripted model speaks the Responses API only"
+        )
 
     async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming = _BODY) -> Any:
         key = current_rollout_id()
@@ -118,34 +123,30 @@ class ScriptedResponsesModel(SimpleResponsesAPIModel):
             )
         participant: PolicyModelParticipant = self.__dict__["_rc_participant"]
         admission: AsyncAdmission = self.__dict__["_rc_admission"]
+        items = body.model_dump(mode="json")["input"]
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        text = blackjack_move(self.config.seed, items)
+        prompt = _text(items[-1]).encode()[:1024] if items else b""
+        generated = text.encode()
+        if self.config.delay_s:  # "generating": nothing to cut, nothing durable yet
+            await asyncio.sleep(self.config.delay_s)
         try:
             execution = execution_from_capture_key(key)
+            # the reply joins the lineage only once admitted: while a checkpoint runs it waits
+            # here for resume (held), so prepare never waits for the model's latency
             call = await admission.call(lambda: participant.admit(execution, call_id), timeout=WAIT_SECONDS)
-        except CheckpointError as exc:
-            from ...server import status_for
-
-            return error_response(status_for(exc), exc.code, exc.message)
-        try:
-            items = body.model_dump(mode="json")["input"]
-            items = [{"role": "user", "content": items}] if isinstance(items, str) else items
-            text = blackjack_move(self.config.seed, items)
-            prompt = _text(items[-1]).encode()[:1024] if items else b""
-            if self.config.delay_s:
-                await asyncio.sleep(self.config.delay_s)
-            generated = text.encode()
-            await run_blocking(
-                lambda: call.stage(
-                    prompt_token_ids=list(prompt),
-                    generation_token_ids=list(generated),
-                    generation_log_probs=[0.0] * len(generated),
+            try:
+                await run_blocking(
+                    lambda: call.stage(
+                        prompt_token_ids=list(prompt),
+                        generation_token_ids=list(generated),
+                        generation_log_probs=[0.0] * len(generated),
+                    )
                 )
-            )
+            finally:
+                call.close()
         except CheckpointError as exc:
-            from ...server import status_for
-
             return error_response(status_for(exc), exc.code, exc.message)
-        finally:
-            call.close()
         if self.config.call_log:
             line = {
                 "rollout_id": execution.rollout_id,

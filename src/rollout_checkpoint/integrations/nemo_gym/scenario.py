@@ -210,11 +210,19 @@ def run_scenario(
     try:
         dep.start_all()
         runner = _Runner(dep, rollouts, servers.seed, servers.store, task_extra)
-        runner.coordinator.checkpoint(deadline_s=60)  # warm-up: first store and import costs, no rollout yet
+        dispatched = []
         for rollout_id in runner.seeds:
             execution = runner.registry.dispatch(rollout_id)
             runner.registry.start(execution)
+            dispatched.append(execution)
+        # warm-up, not counted in the pauses: the coordinator's first-use costs (store, archive
+        # writer) are paid once per process, before any rollout runs
+        runner.coordinator.checkpoint(deadline_s=60)
+        for execution in dispatched:
             runner.dispatch(execution)
+        # the first checkpoint once the first replies are back: rollouts that go on then wait on
+        # their second model call, at boundary 1 (mid-game, not before their first step)
+        time.sleep(1.5 * servers.model_delay_s)
         end = time.monotonic() + deadline_s
         checkpoint_id = None
         while checkpoint_id is None and time.monotonic() < end and len(pauses) < max_checkpoints:
