@@ -197,3 +197,78 @@ def test_async_session_work_parks_while_admission_is_closed_and_blocks_prepare_w
 async def _mutate(participant: ResourcesParticipant, run: ExecutionId, *, wait: float) -> int:
     async with participant.session_work(run, "s1", wait=wait) as work:
         return work.set({"n": work.state["n"] + 1})
+
+
+def _guess(word: str) -> dict[str, object]:
+    call = {
+        "type": "function_call",
+        "id": "fc",
+        "call_id": "c1",
+        "name": "submit_guess",
+        "arguments": json.dumps({"guess": word}),
+        "status": "completed",
+    }
+    response = {
+        "id": "r",
+        "created_at": 0,
+        "model": "m",
+        "object": "response",
+        "output": [call],
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    return {"responses_create_params": {"input": "play"}, "response": response}
+
+
+def _wordle_app(tmp_path: object) -> tuple[object, object, object]:
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from rollout_checkpoint.integrations.nemo_gym import attach
+
+    server = WordleResourcesServer.model_construct(session_state={}, config=SimpleNamespace(name="wordle"))
+    app = server.setup_webserver()
+    participant = attach(server, app, token="t0k", store=str(tmp_path))
+    return server, participant, TestClient(app)
+
+
+def test_gyms_wordle_app_with_the_participant_attached_restores_its_game_into_a_fresh_server(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    import resources_servers.wordle.app as wordle
+
+    # Gym's wheel ships no word list (its generator downloads one): a small list of our own
+    monkeypatch.setattr(wordle, "valid_guesses", lambda: frozenset({"crane", "slate", "flint"}))
+
+    store = str(Path(str(tmp_path)) / "store")
+    server, participant, client = _wordle_app(store)
+    base = "/ng-rollout/w1"
+    reset = client.post(
+        f"{base}/reset", json={"responses_create_params": {"input": "play"}, "custom_target": "crane"}
+    )
+    assert reset.status_code == 200 and reset.headers["x-rc-revision"] == "0"
+    step = client.post(f"{base}/step", json=_guess("slate"))
+    assert step.status_code == 200 and step.json()["terminated"] is False
+    assert step.headers["x-rc-revision"] == "1"
+    anonymous = client.post("/step", json=_guess("crane"))
+    assert anonymous.status_code == 400 and anonymous.json()["error"]["code"] == "rollout_id_required"
+    deadline = time.time() + 30
+    assert participant.prepare("ck-w", deadline).ready
+    participant.commit("ck-w", store, deadline)
+    participant.resume("ck-w", deadline)
+    session_id = step.headers["x-rc-session"]
+    saved = server.session_state[session_id]
+
+    fresh_server, fresh, fresh_client = _wordle_app(store)  # the replacement process
+    fresh.restore("rs-w", "ck-w", store, time.time() + 30)
+    fresh.resume("rs-w", time.time() + 30)
+    assert fresh_server.session_state[session_id] == saved  # back in Gym's own dict
+    fresh_client.cookies.update(client.cookies)  # the agent kept its cookie across the crash
+    win = fresh_client.post("/ng-rollout/w1-a1/step", json=_guess("crane"))
+    assert win.status_code == 200 and win.json()["info"]["game_outcome"] == "win"
+    stale = fresh_client.post(f"{base}/step", json=_guess("crane"))
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_attempt"

@@ -79,6 +79,7 @@ class GymDeployment:
             "host": host,
             "port": self.ports["resources"],
             "domain": "games",
+            "num_workers": s.workers,
         }
         return {
             "head_server": {"host": host, "port": self.ports["head"]},
@@ -130,8 +131,6 @@ class GymDeployment:
                 "NO_PROXY": "127.0.0.1,localhost",
             }
         )
-        if role == "resources":
-            env["ROLLOUT_CHECKPOINT_WORKERS"] = str(self.servers.workers)
         env.update(self.servers.extra_env)
         return env
 

@@ -4,9 +4,10 @@
 environment (``NEMO_GYM_CONFIG_DICT``: the resolved config; ``NEMO_GYM_CONFIG_PATH``: this
 server's name in it) plus ``ROLLOUT_CHECKPOINT_TOKEN`` and ``ROLLOUT_CHECKPOINT_STORE``:
 
-* ``resources module:Class`` - ``checkpointed(Class).run_webserver()``; with
-  ``ROLLOUT_CHECKPOINT_WORKERS`` > 1 the SDK's worker group serves it instead (one Gym server
-  object per worker process, one merged participant, sessions routed to their worker);
+* ``resources module:Class`` - ``checkpointed(Class).run_webserver()``; when the server's Gym
+  config has ``num_workers`` > 1 (or ``ROLLOUT_CHECKPOINT_WORKERS`` says so) the SDK's worker
+  group serves it instead of uvicorn's bare workers (one Gym server object per worker process,
+  one merged participant, sessions routed to their worker);
 * ``agent`` - :class:`~.agent.CheckpointedGymnasiumAgent`;
 * ``model`` - :class:`~.model.ScriptedResponsesModel`.
 """
@@ -65,14 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         if len(args) < 2:
             print("usage: launch resources module:Class", file=sys.stderr)
             return 2
-        workers = int(os.environ.get(WORKERS_ENV, "1"))
+        from nemo_gym.global_config import get_global_config_dict
+
+        conf = get_global_config_dict()[os.environ["NEMO_GYM_CONFIG_PATH"]]
+        inner = next(iter(next(iter(conf.values())).values()))
+        workers = int(os.environ.get(WORKERS_ENV) or inner.get("num_workers") or 1)
         if workers > 1:
             os.environ[CLASS_ENV] = args[1]
-            from nemo_gym.global_config import get_global_config_dict
-
-            name = os.environ["NEMO_GYM_CONFIG_PATH"]
-            conf = get_global_config_dict()[name]
-            inner = next(iter(next(iter(conf.values())).values()))
             run_server(
                 "rollout_checkpoint.integrations.nemo_gym.launch:build_resources",
                 store=os.environ["ROLLOUT_CHECKPOINT_STORE"],
