@@ -45,9 +45,9 @@ _WHERE = {
     "SessionSpec": ".specs",
     "spec_for": ".specs",
     "RolloutIdentityRequiredError": ".identity",
-    "GymResourcesParticipant": ".attach",
-    "attach": ".attach",
-    "checkpointed": ".attach",
+    "GymResourcesParticipant": ".resources",
+    "attach": ".resources",
+    "checkpointed": ".resources",
     "CheckpointedGymnasiumAgent": ".agent",
     "ScriptedResponsesModel": ".model",
 }

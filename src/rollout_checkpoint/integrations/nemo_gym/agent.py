@@ -42,8 +42,8 @@ from ...server import (
     install_participant,
     run_blocking,
 )
-from .attach import INSTANCE_HEADER, REVISION_HEADER, SESSION_HEADER, start_paused_if_asked
 from .identity import IDENTITY_SETTING, execution_from_run_body
+from .resources import INSTANCE_HEADER, REVISION_HEADER, SESSION_HEADER, start_paused_if_asked
 
 __all__ = ["CALL_ID_HEADER", "CheckpointedGymnasiumAgent"]
 

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ...server import ServedApp, WorkerContext, run_server
-from .attach import attach, checkpointed
+from .resources import attach, checkpointed
 
 __all__ = ["build_resources", "load_class", "main"]
 

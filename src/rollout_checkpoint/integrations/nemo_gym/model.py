@@ -36,8 +36,8 @@ from ...server import (
 )
 from ...store import open_store
 from ...tokens import ObjectStoreTokenStore
-from .attach import start_paused_if_asked
 from .identity import IDENTITY_SETTING, execution_from_capture_key
+from .resources import start_paused_if_asked
 
 __all__ = ["FINISH_PATH", "ScriptedModelConfig", "ScriptedResponsesModel", "blackjack_move"]
 
