@@ -35,7 +35,7 @@ from ...server import (
     status_for,
 )
 from ...store import open_store
-from ...tokens import ObjectStoreTokenStore
+from ...tokens import BatchingTokenSink, ObjectStoreTokenStore
 from .identity import IDENTITY_SETTING, execution_from_capture_key
 from .resources import start_paused_if_asked
 
@@ -96,7 +96,8 @@ class ScriptedResponsesModel(SimpleResponsesAPIModel):
         token = os.environ.get("ROLLOUT_CHECKPOINT_TOKEN")
         if not token:
             raise ValueError("the scripted model needs ROLLOUT_CHECKPOINT_TOKEN")
-        tokens = ObjectStoreTokenStore(open_store(store_url))
+        # group commit: replies released together at a resume share one durable shard write
+        tokens = BatchingTokenSink(ObjectStoreTokenStore(open_store(store_url)))
         participant = PolicyModelParticipant(tokens, str(self.config.name), policy_version="scripted-v1")
         start_paused_if_asked(participant)
         self.__dict__["_rc_participant"] = participant
