@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from pydantic import BaseModel
 
 from rollout_checkpoint.ids import ExecutionId
@@ -65,5 +65,11 @@ def build(context: WorkerContext) -> ServedApp:
         execution = ExecutionId(rollout_id=rollout_id, attempt=attempt)
         value, revision = await run_blocking(participant.state, execution, "s")
         return reply(value["n"], revision)
+
+    @app.post("/ng-rollout/{rollout_id}/cookie")
+    async def cookie(rollout_id: str, request: Request, response: Response) -> dict[str, Any]:
+        """Sets an app cookie and echoes the cookies the request carried."""
+        response.set_cookie("app_session", rollout_id)
+        return {"worker": context.worker_id, "cookies": dict(request.cookies)}
 
     return ServedApp(app=app, participant=participant)

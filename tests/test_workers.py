@@ -486,3 +486,19 @@ def test_a_failed_group_commit_leaves_no_staging_and_the_next_checkpoint_publish
         _wait_no_staging(store, "ck-good")
         assert store.exists(other)
         group.close()
+
+
+def test_a_forwarded_request_never_carries_another_clients_cookies(tmp_path: Path) -> None:
+    """The worker that forwards a request to its rollout's worker must not replay a cookie that
+    an earlier forwarded response set for another client (an app's session cookie would then
+    join two rollouts' sessions)."""
+    forwarded = 0
+    with server(tmp_path / "store") as s:
+        for i in range(16):
+            with httpx.Client(base_url=s.url, timeout=30) as client:
+                response = client.post(f"/ng-rollout/r{i}/cookie")
+            assert response.status_code == 200
+            assert response.cookies.get("app_session") == f"r{i}"
+            assert "app_session" not in response.json()["cookies"], response.json()
+            forwarded += VIA_HEADER in response.headers
+    assert forwarded > 0  # the forwarding path ran (16 fresh clients over 2 workers)

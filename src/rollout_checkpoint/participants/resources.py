@@ -8,9 +8,8 @@ agent boundaries of the source checkpoint that name this instance) before activa
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, get_args
 
 from ..errors import (
@@ -40,21 +39,13 @@ from ..protocol import (
     wrong_kind,
 )
 from ..store import ObjectStore, open_store
+from ._session_work import SessionWork, _Session, session_work
 from .codecs import JsonCodec, StateCodec
 
-__all__ = ["DEFAULT_ADMISSION_WAIT_SECONDS", "ResourcesParticipant"]
+__all__ = ["DEFAULT_ADMISSION_WAIT_SECONDS", "ResourcesParticipant", "SessionWork"]
 
 DEFAULT_ADMISSION_WAIT_SECONDS = 300.0
 """How long a session request waits for a checkpoint to end before ``admission_closed``."""
-
-
-@dataclass
-class _Session:
-    state: Any
-    revision: int
-    encoded: bytes | Exception | None  # the member payload of ``state`` (exported mode), or an error
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    inflight: int = 0
 
 
 class ResourcesParticipant(Participant):
@@ -106,6 +97,7 @@ class ResourcesParticipant(Participant):
         self._sessions: dict[tuple[ExecutionId, str], _Session] = {}
         self._by_execution: dict[ExecutionId, set[str]] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # sessions with accepted mutations
+        self._opening: dict[tuple[ExecutionId, str], int] = {}  # async work on sessions not open yet
 
     def open_session(
         self, execution: ExecutionId, session_id: str, state: Any, *, wait: float | None = None
@@ -161,6 +153,17 @@ class ResourcesParticipant(Participant):
                 if not session.inflight:
                     self._inflight.discard((execution, session_id))
                 self._changed()
+
+    def session_work(
+        self, execution: ExecutionId, session_id: str, *, wait: float | None = None
+    ) -> AbstractAsyncContextManager[SessionWork]:
+        """The awaitable form of :meth:`open_session` / :meth:`mutate` / :meth:`end_session` for
+        ``async`` handlers: ``async with participant.session_work(e, s) as work:`` admits the work
+        (awaiting, never blocking a thread, up to ``wait`` s while a checkpoint runs), counts it in
+        flight (prepare waits for it) and holds the session lock; inside, run the handler and
+        report ``work.set(new_state)`` (opens the session or bumps its revision) or
+        ``work.end()``. See :mod:`._session_work`."""
+        return session_work(self, execution, session_id, wait=self._wait(wait))
 
     def state(self, execution: ExecutionId, session_id: str) -> tuple[Any, int]:
         """The session's current state and revision."""

@@ -219,12 +219,19 @@ class WorkerFrontend:
             f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else ""
         )
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"host"]
-        request = client.build_request(scope["method"], url, headers=headers, content=b"".join(chunks))
+        # a Request built directly carries exactly the caller's headers: the client's cookie jar
+        # (which httpx fills from every response) must never add one caller's cookies (say, an
+        # app's session cookie) to another caller's request
+        request = httpx.Request(
+            scope["method"], f"http://worker{url}", headers=headers, content=b"".join(chunks)
+        )
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError:
             await _gone(send, target.worker_id)
             return
+        finally:
+            client.cookies.clear()
         try:
             raw = [(k, v) for k, v in response.headers.raw if k.lower() != b"transfer-encoding"]
             raw.append((VIA_HEADER.encode(), self.worker_id.encode()))

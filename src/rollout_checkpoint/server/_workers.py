@@ -462,6 +462,9 @@ class WorkerGroup:
             for target, executions in shares.items():
                 for execution in executions:
                     self._rollouts[execution.rollout_id] = target
+                    # a client that names the replacement attempt by its capture key (NeMo Gym's
+                    # /ng-rollout/<rollout>-a<N>/) reaches the same worker
+                    self._rollouts[execution.next_attempt().capture_key] = target
         return RestoreReply(
             checkpoint_id=checkpoint_id,
             source_checkpoint_id=source_checkpoint_id,

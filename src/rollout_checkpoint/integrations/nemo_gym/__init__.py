@@ -1,0 +1,79 @@
+"""Checkpoint real NeMo Gym servers (``pip install 'rollout-checkpoint[nemo-gym]'``).
+
+* :func:`attach` / :func:`checkpointed` - a Gym resources server becomes a checkpoint
+  participant without changing Gym (sessions keyed by the rollout identity Gym carries plus its
+  session cookie; built-in :class:`SessionSpec` s for ``blackjack``, ``wordle`` and
+  ``example_session_state_mgmt``; every other server restart-only);
+* :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
+  resuming a restored rollout at it;
+* :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
+  the policy model.
+
+Gym is imported only when one of these names is first used (module ``__getattr__``), so
+``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
+then raises :class:`GymNotInstalledError` with the install recipe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "BLACKJACK",
+    "BUILTIN_SPECS",
+    "COUNTER",
+    "GYM_VERSION_TESTED",
+    "WORDLE",
+    "CheckpointedGymnasiumAgent",
+    "GymNotInstalledError",
+    "GymResourcesParticipant",
+    "RolloutIdentityRequiredError",
+    "ScriptedResponsesModel",
+    "SessionSpec",
+    "attach",
+    "checkpointed",
+    "spec_for",
+]
+
+_WHERE = {
+    "BLACKJACK": ".specs",
+    "BUILTIN_SPECS": ".specs",
+    "COUNTER": ".specs",
+    "GYM_VERSION_TESTED": ".specs",
+    "WORDLE": ".specs",
+    "SessionSpec": ".specs",
+    "spec_for": ".specs",
+    "RolloutIdentityRequiredError": ".identity",
+    "GymResourcesParticipant": ".resources",
+    "attach": ".resources",
+    "checkpointed": ".resources",
+    "CheckpointedGymnasiumAgent": ".agent",
+    "ScriptedResponsesModel": ".model",
+}
+
+INSTALL_HINT = (
+    "NeMo Gym is not installed: on Python >= 3.13.14 `pip install 'rollout-checkpoint[nemo-gym]'`; "
+    "on 3.11/3.12 see docs/nemo-gym.md (install Gym's wheel with --no-deps --ignore-requires-python "
+    "plus its serving dependencies)"
+)
+
+
+class GymNotInstalledError(ImportError):
+    """The integration was used where ``nemo-gym`` cannot be imported."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GymNotInstalledError":
+        return GymNotInstalledError
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("nemo_gym", "resources_servers", "responses_api_agents"):
+            raise GymNotInstalledError(f"{INSTALL_HINT} ({exc})") from exc
+        raise
+    globals()[name] = value
+    return value
