@@ -7,8 +7,6 @@ from typing import Annotated, Any, Literal, cast
 
 import typer
 
-from ..demo import run_demo
-from ..demo._cluster import KILLABLE, run_cluster_demo
 from ..errors import CheckpointError
 from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt, open_demo_store, styled
 from ._common import console as _console
@@ -61,6 +59,9 @@ def demo_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Multi-turn agents on real server processes: checkpoints, a SIGKILL, restore, finish, compare."""
+    from ..demo import run_demo  # the demo and its servers load only when it runs
+    from ..demo._cluster import KILLABLE, run_cluster_demo
+
     console = _console(stderr=as_json)
     if skip_restore is not None and skip_restore not in ("agent", "model", "resources"):
         console.print(
