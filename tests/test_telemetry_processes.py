@@ -79,6 +79,10 @@ def test_one_checkpoint_over_server_processes_is_one_trace(tmp_path: Path) -> No
             assert span["attributes"][Attr.PARTICIPANT_KIND] == kind
             assert span["attributes"][Attr.CHECKPOINT_ID] == "ck-one-trace"
             assert span["remote_parent"], (kind, op)
+            assert (
+                span["attributes"][Attr.PHASE]
+                == {"prepare": "prepared", "commit": "committed", "resume": "idle"}[op]
+            )
             parent = client[span["parent_id"]]  # the coordinator's call span of this participant
             assert parent.name == Span.call(op)
             assert (parent.attributes or {})[Attr.PARTICIPANT_KIND] == kind

@@ -152,8 +152,8 @@ def extracted(headers: Mapping[str, str]) -> Iterator[None]:
 
 def participant_operation(op: str) -> Callable[[F], F]:
     """Decorate a participant's control operation: a ``rollout_checkpoint.participant.<op>``
-    span around it, with the participant's kind and instance (``self.kind`` / ``self.instance``)
-    and, when the first argument is one, the checkpoint id."""
+    span around it, with the participant's kind and instance (``self.kind`` / ``self.instance``),
+    the checkpoint id when the first argument is one, and the phase its reply names."""
     name = Span.participant(op)
 
     def decorate(method: F) -> F:
@@ -166,8 +166,12 @@ def participant_operation(op: str) -> Callable[[F], F]:
             }
             if args and isinstance(args[0], str):
                 attributes[Attr.CHECKPOINT_ID] = args[0]
-            with operation(name, attributes=attributes, metric={Attr.PARTICIPANT_KIND: kind}):
-                return method(self, *args, **kwargs)
+            with operation(name, attributes=attributes, metric={Attr.PARTICIPANT_KIND: kind}) as measured:
+                result = method(self, *args, **kwargs)
+                phase = getattr(result, "phase", None)  # the phase a reply leaves the participant in
+                if phase is not None and measured.recording:
+                    measured.set(Attr.PHASE, str(getattr(phase, "value", phase)))
+                return result
 
         return cast(F, run)
 
