@@ -9,6 +9,11 @@ falls on all of them. Reported: the median pause (wall and CPU seconds) of each 
 ratio to ``off`` (the API without a provider) and, with ``--baseline``, ``off`` against the
 baseline tree (a clone of the code before instrumentation, run by its own
 ``benchmarks/checkpoint_cycle.py`` with ``PYTHONPATH=SRC_TREE/src``).
+
+Wall-clock pauses on a busy machine vary by more than what tracing costs, so the script also
+measures the CPU time of one instrumented operation (a span and its duration record, 20,000
+times in a fresh process, per mode) and multiplies it by the spans one cycle makes (counted by
+the in-memory exporter): an upper bound of the pause tracing can add, as a fraction of the pause.
 """
 
 from __future__ import annotations
@@ -50,6 +55,36 @@ def run_cycle(mode: str, n: int, baseline: Path | None) -> dict[str, Any]:
     return row
 
 
+_SPAN_COST = """
+import sys, time
+if sys.argv[1] == "on":
+    sys.path.insert(0, sys.argv[2])
+    from checkpoint_cycle import install_tracing
+    install_tracing()
+from rollout_checkpoint.telemetry import Attr, Span, operation
+attributes = {Attr.CHECKPOINT_ID: "ck-cost", Attr.PARTICIPANT_KIND: "model", Attr.PARTICIPANT_INSTANCE: "m-0"}
+metric = {Attr.PARTICIPANT_KIND: "model"}
+n = 20000
+started = time.process_time()
+for _ in range(n):
+    with operation(Span.participant("prepare"), attributes=attributes, metric=metric):
+        pass
+print((time.process_time() - started) / n)
+"""
+
+
+def span_cost(mode: str) -> float:
+    """CPU seconds of one ``operation()`` (span, duration record) in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SPAN_COST, mode, str(HERE)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "spans_per_cycle": rows["on"][-1].get("spans"),
     }
+    for mode in ("off", "on"):
+        summary[f"{mode}_cpu_s_per_span"] = median([span_cost(mode) for _ in range(args.runs)])
+        # what the spans of one cycle cost at most, against the pause without a provider
+        summary[f"{mode}_span_bound_of_pause"] = (
+            summary[f"{mode}_cpu_s_per_span"]
+            * (summary["spans_per_cycle"] or 0)
+            / median([r["pause_s"] for r in rows["off"]])
+        )
     for mode in modes:
         summary[f"{mode}_pause_s"] = median([r["pause_s"] for r in rows[mode]])
         summary[f"{mode}_pause_cpu_s"] = median([r["pause_cpu_s"] for r in rows[mode]])
@@ -88,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary))
     else:
         for key, value in summary.items():
-            if key.startswith("ratio") or key.endswith("_s"):
-                print(f"{key:<32} {value:.4f}")
+            if key.startswith("ratio") or key.endswith(("_s", "_span", "_pause")):
+                print(f"{key:<32} {value:.6f}")
     return 0
 
 

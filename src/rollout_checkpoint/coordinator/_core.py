@@ -198,10 +198,10 @@ class CoordinatorCore:
 
 def _call_span(name: str, op: str) -> AbstractContextManager[Measured]:
     """The client span of one participant call (``name`` is ``kind/instance``)."""
-    kind, _, instance = name.partition("/")
+    kind, _, instance = name.partition("/")  # the token store is called "tokens"
+    attributes = {Attr.PARTICIPANT_KIND: kind}
+    if instance:
+        attributes[Attr.PARTICIPANT_INSTANCE] = instance
     return operation(
-        Span.call(op),
-        kind=SpanKind.CLIENT,
-        attributes={Attr.PARTICIPANT_KIND: kind, Attr.PARTICIPANT_INSTANCE: instance},
-        metric={Attr.PARTICIPANT_KIND: kind},
+        Span.call(op), kind=SpanKind.CLIENT, attributes=attributes, metric={Attr.PARTICIPANT_KIND: kind}
     )
