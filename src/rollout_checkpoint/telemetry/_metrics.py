@@ -7,8 +7,8 @@ only (kinds, operations, outcomes, codes, dispositions), never an id.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from functools import cache
 
 from opentelemetry import metrics
 
@@ -32,9 +32,23 @@ class Instruments:
     publication_lag: metrics.Histogram
 
 
-@cache
+_lock = threading.Lock()
+_instruments: Instruments | None = None
+
+
 def instruments() -> Instruments:
-    """The instruments (created on first use, then shared)."""
+    """The instruments (created once, on first use by any thread, then shared)."""
+    global _instruments
+    made = _instruments
+    if made is None:
+        with _lock:
+            if _instruments is None:
+                _instruments = _create()
+            made = _instruments
+    return made
+
+
+def _create() -> Instruments:
     meter = metrics.get_meter("rollout_checkpoint")
 
     def seconds(name: str, description: str) -> metrics.Histogram:
