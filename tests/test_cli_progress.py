@@ -69,3 +69,10 @@ def test_no_progress_when_piped_or_with_json(tmp_path: Path) -> None:
     assert code == 0
     assert "requests" not in drawn
     assert json.loads(drawn.strip().splitlines()[-1])["ok"] is True
+
+
+def test_the_demo_shows_its_steps_above_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    code, drawn = _on_a_terminal("demo", str(tmp_path / "demo"), "--in-process")
+    assert code == 0, drawn
+    assert "demo: 1." in drawn  # the bar names the latest step
+    assert "6 rollouts running" in drawn and "matches_uninterrupted" in drawn
