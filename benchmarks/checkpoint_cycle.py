@@ -1,7 +1,7 @@
 """Checkpoint cycle cost against the number of live rollouts.
 
     python benchmarks/checkpoint_cycle.py [--store URL] [--endpoint-url URL] \\
-        [--rollouts 1000 10000 100000] [--runs R] [--json]
+        [--rollouts 1000 10000 100000] [--runs R] [--tracing off|on] [--json]
 
 For every N: in-process participants of each kind (agent, policy model, resources: 3
 participants, ``rollout_checkpoint.demo.DemoDeployment``) hold N live rollouts (20%
@@ -26,6 +26,12 @@ first (smallest) N of the same run, next to the ratio of N itself (equal ratios 
 ``--profile N`` instead runs one cycle at N rollouts under cProfile (the coordinator's thread
 and every participant's commit thread, merged) and prints the top functions by own time and by
 cumulative time, next to the cycle's step timings.
+
+``--tracing on`` installs the OpenTelemetry SDK (``opentelemetry-sdk``, the test extra) before
+the first cycle: a tracer provider exporting every span to the in-memory exporter through a
+simple (synchronous) span processor, and a meter provider with an in-memory reader; ``off`` (the
+default) leaves the API without a provider, as an application that configures none. Compare the
+two in one run with ``benchmarks/tracing_overhead.py``.
 
 Checkpoints stay in the store (``<store>/n<N>``) so ``rollout-checkpoint list / classify /
 verify`` work on them afterwards. With ``--json`` the last line printed is one JSON object.
@@ -99,6 +105,23 @@ class _GcTimer:
     def __exit__(self, *exc: object) -> None:
         self._open = False
         gc.callbacks.remove(self._callback)
+
+
+def install_tracing() -> Any:
+    """The SDK with in-memory exporters (what ``--tracing on`` measures); returns the exporter."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    return exporter
 
 
 def run_one(url: str, n: int, options: dict[str, Any], state_bytes: int) -> dict[str, Any]:
@@ -199,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--state-bytes", type=int, default=2048, help="opaque agent state per parked rollout (default 2 KiB)"
     )
+    parser.add_argument(
+        "--tracing",
+        choices=("off", "on"),
+        default="off",
+        help="on: OpenTelemetry SDK with in-memory exporters; off: the API without a provider",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.add_argument(
         "--profile", type=int, default=None, metavar="N", help="profile one cycle at N rollouts instead"
@@ -206,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="functions listed by --profile (default 25)")
     args = parser.parse_args(argv)
     base = args.store or tempfile.mkdtemp(prefix="checkpoint-cycle-")
+    exporter = install_tracing() if args.tracing == "on" else None
     if args.profile is not None:
         url = _sub_url(base, args.profile)
         profiled = profile_one(
@@ -236,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         row["pause_cpu_us_per_rollout"] = row["pause_cpu_s"] / n * 1e6
         row["export_us_per_rollout"] = row["export_s"] / n * 1e6
         row["exports"] = runs[-1]["exports"]
+        if exporter is not None:
+            row["spans"] = len(exporter.get_finished_spans())
+            exporter.clear()
         row["publish_us_per_rollout"] = row["publish_s"] / n * 1e6
         row["classify_us_per_rollout"] = row["classify_s"] / n * 1e6
         results.append(row)
@@ -257,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             row[f"linearity_{key}"] = ratio / scale  # 1.0 = exactly linear
     summary = {
         "benchmark": "checkpoint_cycle",
+        "tracing": args.tracing,
         "store": base,
         "machine": machine_info(),
         "peak_rss_mb": peak_rss_mb(),

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from _telemetry import telemetry, total
 from rollout_checkpoint import (
     AgentBoundaryRecord,
     AgentParticipant,
@@ -43,6 +44,7 @@ from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.format.records import ModelCallLineageRecord
 from rollout_checkpoint.protocol import Export
 from rollout_checkpoint.store import MemoryStore, ObjectStore
+from rollout_checkpoint.telemetry import Attr, Metric, Span
 from rollout_checkpoint.tokens import TokenEntry, TokenPutReceipt, prefix_digest, token_key
 
 PROMPT = [3, 1, 4, 1, 5]
@@ -256,7 +258,10 @@ def test_response_is_held_until_resume_and_dispositions_cover_every_call(store: 
     world.backend.wait_held(2)  # both slots busy
     calls.start("c", lambda: world.model.generate(c, "c1", PROMPT, max_tokens=MAX))
     wait_for(lambda: world.model.stats()["inflight"] == 3)
-    report = world.model.prepare("ck-1", soon())
+    otel = telemetry()
+    otel.spans.clear()
+    with otel.delta() as points:
+        report = world.model.prepare("ck-1", soon())
     assert report.ready
     frozen = world.model.cut_report()
     assert frozen is not None
@@ -267,6 +272,12 @@ def test_response_is_held_until_resume_and_dispositions_cover_every_call(store: 
         "r2": "excluded",
         "r3": "never_started",
     }
+    # the metrics count the same dispositions; the cutter's span joins the prepare's trace
+    for disposition in ("cut", "excluded", "never_started"):
+        assert total(points, Metric.GENERATION_CUTS, {Attr.CUT_DISPOSITION: disposition}) == 1
+    (prepare,) = [x for x in otel.finished() if x.name == Span.participant("prepare")]
+    (cutter,) = [x for x in otel.finished() if x.name == Span.participant("generation_cut")]
+    assert cutter.context.trace_id == prepare.context.trace_id
     world.backend.release()
     wait_for(lambda: len(world.backend.completed_calls()) == 5)  # 3 boundary calls + a and b
     assert not calls.results  # finished, but the responses are held

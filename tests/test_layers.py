@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # top to bottom; names in one tuple mus
     ("format",),
     ("archive",),
     ("store",),
-    ("ids",),
+    ("ids", "telemetry"),
     ("errors", "_lazy"),
 )
 ROOT_MODULES = {"__init__", "errors", "_lazy"}  # the facade plus base modules; everything else is a package

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 from ._lazy import lazy_getattr
 
+__version__ = "0.1.0"
+"""The package version (``pyproject.toml`` reads it from here: one source)."""
+
 if TYPE_CHECKING:
     from .archive import (
         ArchiveWriter,

@@ -25,6 +25,7 @@ from ..store import ObjectInfo, ObjectStore
 from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
 from ._common import console as _console
 from ._common import fail as _fail
+from ._progress import on_terminal, watched
 
 __all__ = [
     "VERIFIERS",
@@ -226,7 +227,8 @@ def _render_inspect(report: dict[str, Any], console: Console) -> None:
 def inspect_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:
     """Show what is stored under URL: component archives (shards, sizes, counts) and other objects."""
     try:
-        report = inspect_store(open_cli_store(url, endpoint_url))
+        with watched(open_cli_store(url, endpoint_url), "inspecting", enabled=on_terminal(as_json)) as store:
+            report = inspect_store(store)
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     if as_json:
@@ -238,7 +240,8 @@ def inspect_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: Json
 def verify_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt = False) -> None:
     """Verify every manifest and digest under URL; exit 1 naming any missing, truncated or altered object."""
     try:
-        findings = verify_store(open_cli_store(url, endpoint_url))
+        with watched(open_cli_store(url, endpoint_url), "verifying", enabled=on_terminal(as_json)) as store:
+            findings = verify_store(store)
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     bad = [f for f in findings if not f.ok]

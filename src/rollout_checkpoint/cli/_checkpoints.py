@@ -24,6 +24,7 @@ from ._archive import Finding, register_verifier
 from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
 from ._common import console as _console
 from ._common import fail as _fail
+from ._progress import on_terminal, watched
 
 __all__ = [
     "classify_command",
@@ -166,7 +167,9 @@ def classify_command(
     Exit 1 with the reason when the checkpoint is rejected, fails --verify, or none is published.
     """
     try:
-        plan = load_checkpoint(_open(url, endpoint_url), checkpoint, verify=verify, fallback=fallback)
+        shown = verify and on_terminal(as_json)  # without --verify only manifests and indexes are read
+        with watched(_open(url, endpoint_url), "verifying", enabled=shown) as store:
+            plan = load_checkpoint(store, checkpoint, verify=verify, fallback=fallback)
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     if as_json:

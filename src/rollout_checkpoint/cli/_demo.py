@@ -7,12 +7,11 @@ from typing import Annotated, Any, Literal, cast
 
 import typer
 
-from ..demo import run_demo
-from ..demo._cluster import KILLABLE, run_cluster_demo
 from ..errors import CheckpointError
 from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt, open_demo_store, styled
 from ._common import console as _console
 from ._common import fail as _fail
+from ._progress import on_terminal, steps
 
 __all__ = ["DEFAULT_DEMO_DIR", "demo_command", "register"]
 
@@ -61,6 +60,9 @@ def demo_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Multi-turn agents on real server processes: checkpoints, a SIGKILL, restore, finish, compare."""
+    from ..demo import run_demo  # the demo and its servers load only when it runs
+    from ..demo._cluster import KILLABLE, run_cluster_demo
+
     console = _console(stderr=as_json)
     if skip_restore is not None and skip_restore not in ("agent", "model", "resources"):
         console.print(
@@ -79,33 +81,34 @@ def demo_command(
         console.print(styled(("error", "red"), ": --kill needs server processes; drop --in-process"))
         raise typer.Exit(2)
     extra: dict[str, Any] = {}
-    try:
-        store = open_demo_store(directory, endpoint_url, accept_unsafe_store=accept_unsafe_store)
-        if in_process:
-            report = run_demo(
-                store,
-                rollouts=rollouts,
-                turns=turns,
-                seed=seed,
-                skip_restore=cast(SkipKind | None, skip_restore),
-                progress=console.print,
-                accept_unsafe_store=accept_unsafe_store,
-            )
-        else:
-            report, extra = run_cluster_demo(
-                store,
-                rollouts=rollouts,
-                turns=turns,
-                seed=seed,
-                kill=kills,
-                checkpoint_every=checkpoint_every,
-                workers=workers,
-                skip_restore=skip_restore,
-                accept_unsafe_store=accept_unsafe_store,
-                progress=console.print,
-            )
-    except CheckpointError as exc:
-        raise _fail(exc, as_json) from None
+    with steps("demo", console, enabled=on_terminal(as_json)) as say:
+        try:
+            store = open_demo_store(directory, endpoint_url, accept_unsafe_store=accept_unsafe_store)
+            if in_process:
+                report = run_demo(
+                    store,
+                    rollouts=rollouts,
+                    turns=turns,
+                    seed=seed,
+                    skip_restore=cast(SkipKind | None, skip_restore),
+                    progress=say,
+                    accept_unsafe_store=accept_unsafe_store,
+                )
+            else:
+                report, extra = run_cluster_demo(
+                    store,
+                    rollouts=rollouts,
+                    turns=turns,
+                    seed=seed,
+                    kill=kills,
+                    checkpoint_every=checkpoint_every,
+                    workers=workers,
+                    skip_restore=skip_restore,
+                    accept_unsafe_store=accept_unsafe_store,
+                    progress=say,
+                )
+        except CheckpointError as exc:
+            raise _fail(exc, as_json) from None
     summary = report.to_json()
     summary["url"] = store.url
     summary["mode"] = "in_process" if in_process else "processes"

@@ -12,6 +12,7 @@ from ..retention import DEFAULT_MIN_AGE_S, collect_garbage
 from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store
 from ._common import console as _console
 from ._common import fail as _fail
+from ._progress import on_terminal, watched
 
 __all__ = ["gc_command", "register"]
 
@@ -44,12 +45,9 @@ def gc_command(
     references. Unpublished leftovers are deleted only once gc has seen them for --min-age seconds.
     """
     try:
-        report = collect_garbage(
-            open_cli_store(url, endpoint_url, accept_unsafe_store=accept_unsafe_store),
-            keep=keep,
-            min_age_s=min_age,
-            dry_run=dry_run,
-        )
+        opened = open_cli_store(url, endpoint_url, accept_unsafe_store=accept_unsafe_store)
+        with watched(opened, "collecting garbage", enabled=on_terminal(as_json)) as store:
+            report = collect_garbage(store, keep=keep, min_age_s=min_age, dry_run=dry_run)
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     if as_json:

@@ -18,10 +18,13 @@ from typing import Annotated
 import typer
 
 from ..errors import CheckpointError
-from ..server import TOKEN_ENV, load_build, run_server, run_token_server
 from ._common import AcceptUnsafeOpt, EndpointOpt, fail
 
 __all__ = ["register"]
+
+TOKEN_ENV = "ROLLOUT_CHECKPOINT_TOKEN"
+"""The control token's environment variable (``rollout_checkpoint.server.TOKEN_ENV``, named here
+so that ``serve --help`` does not import the server stack)."""
 
 KINDS: dict[str, str] = {
     "model": "rollout_checkpoint.demo._servers:build_model",
@@ -81,6 +84,8 @@ def serve_command(
     accept_unsafe_store: AcceptUnsafeOpt = False,
 ) -> None:
     """Serve a participant's control routes (and its app) on HOST:PORT until interrupted."""
+    from ..server import load_build, run_server, run_token_server  # FastAPI and uvicorn: only to serve
+
     try:
         token = read_token(token_file)
         if endpoint_url:

@@ -7,37 +7,47 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any, TypeVar
+
+from opentelemetry.trace import SpanKind
 
 from ..errors import DeadlineExceededError
 from ..protocol import PREPARE_ORDER, ParticipantControl
 from ..reader import TokenSnapshotLoader
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore, open_store
+from ..telemetry import Attr, Measured, Span, bound, log_fields, operation
 from ._types import RETRYABLE, CheckpointCancelledError, FaultHook, TokenSnapshotSource, participant_name
 
-__all__ = ["CoordinatorCore", "Laps"]
+__all__ = ["CoordinatorCore", "Steps"]
 
 log = logging.getLogger("rollout_checkpoint.coordinator")
 
 T = TypeVar("T")
 
 
-class Laps:
-    """Named durations of a cycle's steps (``CheckpointOutcome.timings``)."""
+class Steps:
+    """The measured steps of one operation: each a span (``rollout_checkpoint.coordinator.<step>``,
+    a child of the current one) whose seconds are also ``CheckpointOutcome.timings[step]``, so
+    the outcome and the trace report one measurement."""
 
-    def __init__(self) -> None:
-        self.started = self.mark = time.perf_counter()
+    def __init__(self, checkpoint_id: str) -> None:
+        self.checkpoint_id = checkpoint_id
         self.timings: dict[str, float] = {}
+        self.marks: dict[str, Measured] = {}
 
-    def lap(self, name: str) -> float:
-        now = time.perf_counter()
-        self.timings[name] = self.timings.get(name, 0.0) + now - self.mark
-        self.mark = now
-        return now
+    @contextmanager
+    def step(self, name: str) -> Iterator[Measured]:
+        with operation(
+            Span.coordinator(name), attributes={Attr.CHECKPOINT_ID: self.checkpoint_id}
+        ) as measured:
+            yield measured
+        self.timings[name] = self.timings.get(name, 0.0) + measured.seconds
+        self.marks[name] = measured
 
 
 class CoordinatorCore:
@@ -110,13 +120,21 @@ class CoordinatorCore:
     def _call(self, name: str, step: str, fn: Callable[..., T], *args: Any, hook: bool = True) -> T:
         if hook:
             self._step(f"{step}:{name}")
-        for attempt in range(self.call_retries + 1):
-            try:
-                return fn(*args)
-            except RETRYABLE:
-                if attempt >= self.call_retries:
-                    raise
-                log.warning("%s %s: answer lost, repeating the idempotent call", step, name)
+        with _call_span(name, step) as call:
+            for attempt in range(self.call_retries + 1):
+                try:
+                    return fn(*args)
+                except RETRYABLE:
+                    if attempt >= self.call_retries:
+                        raise
+                    if call.recording:
+                        call.span.add_event("retry", {"attempt": attempt + 1})
+                    log.warning(
+                        "%s %s: answer lost, repeating the idempotent call",
+                        step,
+                        name,
+                        extra=log_fields(participant=name),
+                    )
         raise AssertionError("unreachable")
 
     def _fan_out(self, calls: Sequence[tuple[str, Callable[[], T]]]) -> list[tuple[str, T]]:
@@ -125,13 +143,15 @@ class CoordinatorCore:
         if len(calls) <= 1:
             return [(name, fn()) for name, fn in calls]
         with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="coordinator") as pool:
-            futures = [pool.submit(fn) for _, fn in calls]
+            futures = [pool.submit(bound(fn)) for _, fn in calls]  # each call joins this trace
             wait(futures)
         failures = [
             (name, f.exception()) for (name, _), f in zip(calls, futures, strict=True) if f.exception()
         ]
         for name, error in failures[1:]:
-            log.warning("%s also failed in the same stage: %s", name, error)
+            log.warning(
+                "%s also failed in the same stage: %s", name, error, extra=log_fields(participant=name)
+            )
         if failures:
             error = failures[0][1]
             assert error is not None
@@ -148,23 +168,24 @@ class CoordinatorCore:
         """Resume (= abort) every participant prepare reached, in reverse order; never raises."""
         errors = self._resume_all(cid, list(touched), deadline, hook=False)
         for error in errors:
-            log.warning("abort of checkpoint %s: %s", cid, error)
+            log.warning("abort of checkpoint %s: %s", cid, error, extra=log_fields(checkpoint_id=cid))
 
     def _resume_all(
         self, cid: str, ordered: Sequence[tuple[str, ParticipantControl]], deadline: float, *, hook: bool
     ) -> list[str]:
         def resume_one(name: str, participant: ParticipantControl) -> str | None:
             first = hook
-            for attempt in range(self.call_retries + 1):
-                try:
-                    if first:
-                        first = False
-                        self._step(f"resume:{name}")
-                    participant.resume(cid, max(deadline, self.clock() + self.cleanup_grace_s))
-                    return None
-                except Exception as exc:
-                    if attempt >= self.call_retries:
-                        return f"resume of {name} failed: {exc}"
+            with _call_span(name, "resume"):
+                for attempt in range(self.call_retries + 1):
+                    try:
+                        if first:
+                            first = False
+                            self._step(f"resume:{name}")
+                        participant.resume(cid, max(deadline, self.clock() + self.cleanup_grace_s))
+                        return None
+                    except Exception as exc:
+                        if attempt >= self.call_retries:
+                            return f"resume of {name} failed: {exc}"
             return None
 
         errors: list[str] = []
@@ -173,3 +194,14 @@ class CoordinatorCore:
             outcomes = self._fan_out([(name, partial(resume_one, name, p)) for name, p in reversed(stage)])
             errors.extend(error for _, error in outcomes if error is not None)
         return errors
+
+
+def _call_span(name: str, op: str) -> AbstractContextManager[Measured]:
+    """The client span of one participant call (``name`` is ``kind/instance``)."""
+    kind, _, instance = name.partition("/")  # the token store is called "tokens"
+    attributes = {Attr.PARTICIPANT_KIND: kind}
+    if instance:
+        attributes[Attr.PARTICIPANT_INSTANCE] = instance
+    return operation(
+        Span.call(op), kind=SpanKind.CLIENT, attributes=attributes, metric={Attr.PARTICIPANT_KIND: kind}
+    )

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import cast
 
+from opentelemetry import context as otel_context
 from pydantic import JsonValue
 
 from ..errors import IntegrityError, ManifestConflictError, ObjectExistsError
@@ -33,7 +35,8 @@ from ..protocol import (
 )
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore
-from ._core import Laps, log
+from ..telemetry import Attr, Measured, Span, bound, instruments, log_fields, operation
+from ._core import Steps, log
 from ._publication import Committed, Publisher, registry_snapshot
 from ._types import CheckpointNotReadyError, CheckpointOutcome, HookedStore, PublicationHandle
 
@@ -175,79 +178,110 @@ class CheckpointCycle(Publisher):
             return advance_latest(self.store, record, ref, now=self.clock)
         except Exception as exc:
             errors.append(f"latest pointer not moved: {exc}")
-            log.warning("checkpoint %s published but the latest pointer was not moved: %s", cid, exc)
+            log.warning(
+                "checkpoint %s published but the latest pointer was not moved: %s",
+                cid,
+                exc,
+                extra=log_fields(checkpoint_id=cid),
+            )
             return None
 
     # -- synchronous -------------------------------------------------------------------------------
     def _run_sync(self, cid: str, deadline_s: float, framework_state: JsonValue) -> CheckpointOutcome:
-        laps = Laps()
-        deadline = self.clock() + deadline_s
-        hooked = HookedStore(self.store, self._step)
-        ordered = self._ordered()
-        touched: Ordered = []
-        self._step("freeze")
-        with self.registry.frozen(cid) as live:
-            try:
-                self._prepare_all(cid, deadline, ordered, touched)
-                commit_started = laps.lap("prepare")
-                committed = self._commit_all(cid, deadline, ordered, hooked, live, "sync")
-                laps.lap("commit")
-                record, ref = self._complete(
-                    cid, deadline, hooked, committed, self.registry, framework_state, laps
-                )
-            except BaseException as exc:
-                self._abort(cid, touched, deadline)
-                if isinstance(exc, ObjectExistsError):
-                    raise _conflict(cid, exc) from exc
-                raise
-            publish_seconds = laps.mark - commit_started
-            errors: list[str] = []
-            latest = self._latest(cid, record, ref, errors)
-            laps.lap("latest")
-            errors.extend(self._resume_all(cid, ordered, deadline, hook=True))
-            now = laps.lap("resume")
+        steps = Steps(cid)
+        with _cycle_span(cid, "sync") as cycle:
+            deadline = self.clock() + deadline_s
+            hooked = HookedStore(self.store, self._step)
+            ordered = self._ordered()
+            touched: Ordered = []
+            self._step("freeze")
+            with self.registry.frozen(cid) as live:
+                try:
+                    with steps.step("prepare"):
+                        self._prepare_all(cid, deadline, ordered, touched)
+                    with steps.step("commit"):
+                        committed = self._commit_all(cid, deadline, ordered, hooked, live, "sync")
+                    record, ref = self._complete(
+                        cid, deadline, hooked, committed, self.registry, framework_state, steps
+                    )
+                except BaseException as exc:
+                    self._abort(cid, touched, deadline)
+                    if isinstance(exc, ObjectExistsError):
+                        raise _conflict(cid, exc) from exc
+                    raise
+                errors: list[str] = []
+                with steps.step("latest"):
+                    latest = self._latest(cid, record, ref, errors)
+                with steps.step("resume"):
+                    errors.extend(self._resume_all(cid, ordered, deadline, hook=True))
+        return self._outcome(
+            cid, record, ref, latest, errors, cycle, steps, publication="sync", pause=cycle.seconds
+        )
+
+    def _outcome(
+        self,
+        cid: str,
+        record: GlobalCheckpointRecord,
+        ref: ObjectRef,
+        latest: LatestUpdate | None,
+        errors: list[str],
+        cycle: Measured,
+        steps: Steps,
+        *,
+        publication: Publication,
+        pause: float,
+    ) -> CheckpointOutcome:
+        """The outcome, from the step spans' measurements (and their metrics)."""
+        published = steps.marks["publish"].end_ns
+        lag = (published - cycle.start_ns) / 1e9
+        attributes = {Attr.PUBLICATION: publication}
+        instruments().pause_duration.record(pause, attributes)
+        instruments().publication_lag.record(lag, attributes)
         return CheckpointOutcome(
             checkpoint_id=cid,
             record=record,
             record_ref=ref,
             latest=latest,
             post_commit_errors=tuple(errors),
-            pause_seconds=now - laps.started,
-            publish_seconds=publish_seconds,
-            timings=laps.timings,
+            pause_seconds=pause,
+            publish_seconds=(published - steps.marks["commit"].start_ns) / 1e9,
+            timings=dict(steps.timings),
+            publication=publication,
         )
 
     # -- asynchronous ------------------------------------------------------------------------------
     def _run_async(self, cid: str, deadline_s: float, framework_state: JsonValue) -> PublicationHandle:
-        laps = Laps()
-        deadline = self.clock() + deadline_s
-        hooked = HookedStore(self.store, self._step)
-        ordered = self._ordered()
-        touched: Ordered = []
-        self._step("freeze")
-        with self.registry.frozen(cid) as live:
-            try:
-                self._prepare_all(cid, deadline, ordered, touched)
-                commit_started = laps.lap("prepare")
-                frozen = self._commit_all(cid, deadline, ordered, hooked, live, "async")
-                for name, _, reply in frozen:
-                    if reply.phase is not Phase.FROZEN or reply.checkpoint_id != cid:
-                        raise IntegrityError(
-                            f"{name}: asynchronous commit of {cid} answered {reply.phase.value} "
-                            f"for {reply.checkpoint_id}",
-                            checkpoint_id=cid,
-                        )
-                laps.lap("commit")
-                self._step("registry_snapshot")
-                snapshot = registry_snapshot(self.registry)
-                laps.lap("registry_snapshot")
-            except BaseException:
-                self._abort(cid, touched, deadline)
-                raise
-        # every snapshot is frozen: end the pause before any encoding or upload waits on it
-        resume_errors = self._resume_all(cid, ordered, deadline, hook=True)
-        now = laps.lap("resume")
-        handle = PublicationHandle(cid, now - laps.started)
+        steps = Steps(cid)
+        with _cycle_span(cid, "async") as cycle:
+            trace_context = otel_context.get_current()  # the background steps are children of this
+            deadline = self.clock() + deadline_s
+            hooked = HookedStore(self.store, self._step)
+            ordered = self._ordered()
+            touched: Ordered = []
+            self._step("freeze")
+            with self.registry.frozen(cid) as live:
+                try:
+                    with steps.step("prepare"):
+                        self._prepare_all(cid, deadline, ordered, touched)
+                    with steps.step("commit"):
+                        frozen = self._commit_all(cid, deadline, ordered, hooked, live, "async")
+                        for name, _, reply in frozen:
+                            if reply.phase is not Phase.FROZEN or reply.checkpoint_id != cid:
+                                raise IntegrityError(
+                                    f"{name}: asynchronous commit of {cid} answered {reply.phase.value} "
+                                    f"for {reply.checkpoint_id}",
+                                    checkpoint_id=cid,
+                                )
+                    with steps.step("registry_snapshot"):
+                        self._step("registry_snapshot")
+                        snapshot = registry_snapshot(self.registry)
+                except BaseException:
+                    self._abort(cid, touched, deadline)
+                    raise
+            # every snapshot is frozen: end the pause before any encoding or upload waits on it
+            with steps.step("resume"):
+                resume_errors = self._resume_all(cid, ordered, deadline, hook=True)
+        handle = PublicationHandle(cid, cycle.seconds)
         self._pending = handle
 
         def background() -> None:
@@ -260,8 +294,8 @@ class CheckpointCycle(Publisher):
                         frozen,
                         snapshot,
                         framework_state,
-                        laps,
-                        commit_started,
+                        steps,
+                        cycle,
                         handle,
                         resume_errors,
                     )
@@ -269,7 +303,7 @@ class CheckpointCycle(Publisher):
             finally:
                 self._cycle.release()
 
-        threading.Thread(target=background, name=f"publish-{cid}").start()
+        threading.Thread(target=bound(background, trace_context), name=f"publish-{cid}").start()
         return handle
 
     def _publish_async(
@@ -280,51 +314,64 @@ class CheckpointCycle(Publisher):
         frozen: Committed,
         snapshot: LiveExecutionRegistry,
         framework_state: JsonValue,
-        laps: Laps,
-        commit_started: float,
+        steps: Steps,
+        cycle: Measured,
         handle: PublicationHandle,
         resume_errors: list[str],
     ) -> CheckpointOutcome:
         try:
-            collected: list[tuple[str, CommitReply]] = self._fan_out(
-                [
-                    (
-                        name,
-                        partial(
-                            self._call,
+            with steps.step("collect"):
+                collected: list[tuple[str, CommitReply]] = self._fan_out(
+                    [
+                        (
                             name,
-                            "collect",
-                            cast(AsyncParticipantControl, p).collect,
-                            cid,
-                            deadline,
-                        ),
-                    )
-                    for name, p, _ in frozen
-                ]
-            )
+                            partial(
+                                self._call,
+                                name,
+                                "collect",
+                                cast(AsyncParticipantControl, p).collect,
+                                cid,
+                                deadline,
+                            ),
+                        )
+                        for name, p, _ in frozen
+                    ]
+                )
             committed = [(name, p, reply) for (name, p, _), (_, reply) in zip(frozen, collected, strict=True)]
-            laps.lap("collect")
-            record, ref = self._complete(cid, deadline, hooked, committed, snapshot, framework_state, laps)
+            record, ref = self._complete(cid, deadline, hooked, committed, snapshot, framework_state, steps)
         except BaseException as exc:
-            log.warning("checkpoint %s: background publication failed, nothing published: %s", cid, exc)
+            log.warning(
+                "checkpoint %s: background publication failed, nothing published: %s",
+                cid,
+                exc,
+                extra=log_fields(checkpoint_id=cid, error_code=getattr(exc, "code", None)),
+            )
             if isinstance(exc, ObjectExistsError):
                 raise _conflict(cid, exc) from exc
             raise
-        publish_seconds = laps.mark - commit_started
         errors: list[str] = []
-        latest = self._latest(cid, record, ref, errors)
-        laps.lap("latest")
-        return CheckpointOutcome(
-            checkpoint_id=cid,
-            record=record,
-            record_ref=ref,
-            latest=latest,
-            post_commit_errors=tuple(resume_errors + errors),
-            pause_seconds=handle.pause_seconds,
-            publish_seconds=publish_seconds,
-            timings=laps.timings,
+        with steps.step("latest"):
+            latest = self._latest(cid, record, ref, errors)
+        return self._outcome(
+            cid,
+            record,
+            ref,
+            latest,
+            resume_errors + errors,
+            cycle,
+            steps,
             publication="async",
+            pause=handle.pause_seconds,
         )
+
+
+def _cycle_span(cid: str, publication: Publication) -> AbstractContextManager[Measured]:
+    """The root span of a cycle: from the freeze of dispatch to the last resume (the pause)."""
+    return operation(
+        Span.coordinator("checkpoint"),
+        attributes={Attr.CHECKPOINT_ID: cid, Attr.PUBLICATION: publication},
+        metric={Attr.PUBLICATION: publication},
+    )
 
 
 def _async(participant: ParticipantControl) -> AsyncParticipantControl:

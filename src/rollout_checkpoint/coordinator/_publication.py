@@ -30,7 +30,8 @@ from ..format.record_reader import ArchiveReader
 from ..protocol import PREPARE_ORDER, CommitReply, ParticipantControl, Phase
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
 from ..store import ObjectStore
-from ._core import CoordinatorCore, Laps, log
+from ..telemetry import Attr, log_fields
+from ._core import CoordinatorCore, Steps, log
 from ._types import receipt_json
 
 __all__ = ["Publisher", "registry_snapshot"]
@@ -58,59 +59,60 @@ class Publisher(CoordinatorCore):
         committed: Committed,
         registry: LiveExecutionRegistry,
         framework_state: JsonValue,
-        laps: Laps,
+        steps: Steps,
     ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
         # 3. validate every component manifest (digest named by the reply) and its bytes; the
         # components concurrently (a remote store answers slowly), the first failure in prepare
         # order raised, each error naming its component
-        for name, _, _ in committed:
-            self._step(f"validate:{name}")
-        validated = self._fan_out(
-            [(name, partial(self._validate, cid, p, reply)) for name, p, reply in committed]
-        )
-        components: list[ComponentRef] = [ref for _, ref in validated]
-        laps.lap("validate")
+        with steps.step("validate"):
+            for name, _, _ in committed:
+                self._step(f"validate:{name}")
+            validated = self._fan_out(
+                [(name, partial(self._validate, cid, p, reply)) for name, p, reply in committed]
+            )
+            components: list[ComponentRef] = [ref for _, ref in validated]
 
         # 4. the framework's own component: the live-execution registry
-        self._check_deadline(cid, deadline, "registry")
-        _, registry_ref = registry.write_component(hooked, cid, **self.writer_options)
-        self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
-        components.append(
-            self._validate_ref(cid, REGISTRY_KIND, REGISTRY_INSTANCE, "framework", None, registry_ref)
-        )
-        laps.lap("registry")
+        with steps.step("registry"):
+            self._check_deadline(cid, deadline, "registry")
+            _, registry_ref = registry.write_component(hooked, cid, **self.writer_options)
+            self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
+            components.append(
+                self._validate_ref(cid, REGISTRY_KIND, REGISTRY_INSTANCE, "framework", None, registry_ref)
+            )
 
         # 5. aggregate manifest, create-only
-        token = new_commit_token()
-        created_at = datetime.fromtimestamp(self.clock(), tz=UTC)
-        aggregate = AggregateManifest(
-            checkpoint_id=cid,
-            commit_token=token,
-            created_at=created_at,
-            prepare_order=list(PREPARE_ORDER),
-            components=components,
-            dispatched=len(registry),
-        )
-        aggregate_ref = write_aggregate(hooked, aggregate)
-        laps.lap("aggregate")
+        with steps.step("aggregate"):
+            token = new_commit_token()
+            created_at = datetime.fromtimestamp(self.clock(), tz=UTC)
+            aggregate = AggregateManifest(
+                checkpoint_id=cid,
+                commit_token=token,
+                created_at=created_at,
+                prepare_order=list(PREPARE_ORDER),
+                components=components,
+                dispatched=len(registry),
+            )
+            aggregate_ref = write_aggregate(hooked, aggregate)
 
         # 6. token-store snapshot bound to this checkpoint id, validated before use
-        receipt: dict[str, JsonValue] | None = None
-        if self.token_source is not None:
-            self._step("token_snapshot")
-            source = self.token_source
-            receipt = receipt_json(self._call("tokens", "snapshot", source.snapshot, cid, hook=False))
-            self._validate_snapshot(receipt)
-        laps.lap("tokens")
+        with steps.step("tokens"):
+            receipt: dict[str, JsonValue] | None = None
+            if self.token_source is not None:
+                self._step("token_snapshot")
+                source = self.token_source
+                receipt = receipt_json(self._call("tokens", "snapshot", source.snapshot, cid, hook=False))
+                self._validate_snapshot(receipt)
 
         # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
-        self._check_deadline(cid, deadline, "publish")
-        self._step("publish")
-        record, ref = self._publish(
-            cid, token, created_at, aggregate_ref, components, receipt, framework_state, registry
-        )
-        self._last_sequence = record.sequence
-        laps.lap("publish")
+        with steps.step("publish") as published:
+            self._check_deadline(cid, deadline, "publish")
+            self._step("publish")
+            record, ref = self._publish(
+                cid, token, created_at, aggregate_ref, components, receipt, framework_state, registry
+            )
+            self._last_sequence = record.sequence
+            published.set(Attr.SEQUENCE, record.sequence)
         return record, ref
 
     def _publish(
@@ -144,7 +146,12 @@ class Publisher(CoordinatorCore):
             try:
                 return record, publish_record(self.store, record)
             except SequenceTakenError:
-                log.info("checkpoint %s: sequence %d taken by another publisher", cid, record.sequence)
+                log.info(
+                    "checkpoint %s: sequence %d taken by another publisher",
+                    cid,
+                    record.sequence,
+                    extra=log_fields(checkpoint_id=cid),
+                )
         raise ManifestConflictError(
             f"checkpoint {cid}: lost the race for a sequence number {_SEQUENCE_ATTEMPTS} times in a row",
             checkpoint_id=cid,

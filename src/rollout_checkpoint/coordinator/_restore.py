@@ -16,6 +16,7 @@ from ..format.manifests import new_checkpoint_id
 from ..ids import ExecutionId, validate_id
 from ..protocol import PREPARE_ORDER, ParticipantControl, ResumeReply
 from ..reader import load_checkpoint
+from ..telemetry import Attr, Span, instruments, log_fields, operation
 from ._core import log
 from ._cycle import CheckpointCycle
 from ._types import RETIRE_ORDER, MissingParticipantError, RestoreFailedError, RestoreOutcome
@@ -51,7 +52,7 @@ class RestoreOperations(CheckpointCycle):
         ``fallback`` uses the newest checkpoint that loads (verifies) when the requested one is
         damaged (``outcome.plan.skipped`` says what was passed over).
         """
-        with self._cycle:
+        with self._cycle, operation(Span.coordinator("restore")) as restoring:
             plan = load_checkpoint(
                 self.store,
                 checkpoint_id,
@@ -60,6 +61,8 @@ class RestoreOperations(CheckpointCycle):
                 token_snapshot_loader=self.token_snapshot_loader,
             )
             rid = validate_id(restore_id or new_checkpoint_id("restore"), "restore_id")
+            restoring.set(Attr.CHECKPOINT_ID, rid)
+            restoring.set(Attr.SOURCE_CHECKPOINT_ID, plan.checkpoint_id)
             listed = sorted(f"{c.kind}/{c.instance}" for c in plan.participant_components())
             missing = [name for name in listed if name not in self._names]
             if missing:
@@ -121,6 +124,8 @@ class RestoreOperations(CheckpointCycle):
                         cause=exc.code,
                     ) from exc
                 raise
+            for disposition, count in plan.counts().items():
+                instruments().rollouts.add(count, {Attr.ROLLOUT_DISPOSITION: disposition})
             return RestoreOutcome(rid, plan.checkpoint_id, plan, restored)
 
     def _undo_restore(
@@ -140,7 +145,13 @@ class RestoreOperations(CheckpointCycle):
                     break
                 except Exception as exc:
                     if attempt >= self.call_retries:
-                        log.warning("restore %s: undoing it at %s failed: %s", rid, name, exc)
+                        log.warning(
+                            "restore %s: undoing it at %s failed: %s",
+                            rid,
+                            name,
+                            exc,
+                            extra=log_fields(checkpoint_id=rid, participant=name),
+                        )
 
     def _missing(self, rid: str, source: str, missing: Sequence[str]) -> MissingParticipantError:
         return MissingParticipantError(
@@ -158,16 +169,17 @@ class RestoreOperations(CheckpointCycle):
         A restore refused for a missing participant cannot be resumed either
         (:class:`MissingParticipantError`): nothing of it may run.
         """
-        refused = self._refused.get(checkpoint_id)
-        if refused is not None:
-            raise self._missing(checkpoint_id, *refused)
-        deadline = self.clock() + deadline_s
-        replies: list[ResumeReply] = []
-        for name, participant in reversed(self._ordered()):
-            replies.append(
-                self._call(name, "resume", participant.resume, checkpoint_id, deadline, hook=False)
-            )
-        return replies
+        with operation(Span.coordinator("resume"), attributes={Attr.CHECKPOINT_ID: checkpoint_id}):
+            refused = self._refused.get(checkpoint_id)
+            if refused is not None:
+                raise self._missing(checkpoint_id, *refused)
+            deadline = self.clock() + deadline_s
+            replies: list[ResumeReply] = []
+            for name, participant in reversed(self._ordered()):
+                replies.append(
+                    self._call(name, "resume", participant.resume, checkpoint_id, deadline, hook=False)
+                )
+            return replies
 
     # -- retire / forget ---------------------------------------------------------------------------
     def retire(self, executions: Iterable[ExecutionId], *, deadline_s: float = 30.0) -> None:
@@ -176,6 +188,10 @@ class RestoreOperations(CheckpointCycle):
         batch = list(executions)
         if not batch:
             return
+        with operation(Span.coordinator("retire"), attributes={Attr.EXECUTIONS: len(batch)}):
+            self._retire_everywhere(batch, deadline_s)
+
+    def _retire_everywhere(self, batch: list[ExecutionId], deadline_s: float) -> None:
         deadline = self.clock() + deadline_s
         ordered = self._ordered()
         for stage in RETIRE_ORDER:
@@ -197,6 +213,10 @@ class RestoreOperations(CheckpointCycle):
         """The framework is done with these rollouts for good: drop tombstones everywhere, and
         their token data from later token-store snapshots (if the token source can forget)."""
         ids = list(rollout_ids)
+        with operation(Span.coordinator("forget"), attributes={Attr.ROLLOUT_COUNT: len(ids)}):
+            self._forget_everywhere(ids)
+
+    def _forget_everywhere(self, ids: list[str]) -> None:
         # The token snapshot of a pending asynchronous publication must still list these
         # rollouts' token data, so forgetting waits for it (retire needs no wait: every
         # snapshot it could change is frozen).

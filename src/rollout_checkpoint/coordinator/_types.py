@@ -79,7 +79,9 @@ class CheckpointOutcome:
     """A published checkpoint. ``post_commit_errors`` lists what failed after the commit point
     (pointer move, resume): the checkpoint stays published regardless. ``pause_seconds`` is
     from the freeze of dispatch to the last resume; with ``publication="async"`` the resume
-    comes before the upload, and ``publish_seconds`` runs from the commit to the record."""
+    comes before the upload, and ``publish_seconds`` runs from the commit to the record.
+    ``timings`` are the seconds of the cycle's steps; all of these are the durations of the
+    coordinator's spans (``docs/observability.md``), one measurement for trace and outcome."""
 
     checkpoint_id: str
     record: GlobalCheckpointRecord

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 from pydantic import JsonValue
 
@@ -27,6 +28,7 @@ from ..format.fencing import AttemptFence
 from ..format.records import Record
 from ..ids import ExecutionId, validate_id
 from ..store import ObjectStore
+from ..telemetry import Attr, Measured, Span, bound, instruments, operation, participant_operation
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
 from ._hooks import BLOCKERS_REPORTED, Export, ExportRecords, Readiness, execution_key
@@ -39,6 +41,7 @@ __all__ = ["CommitRestore"]
 class CommitRestore(AdmissionGate, abc.ABC):
     """Commit (sync or async), collect and restore, and the hooks they call."""
 
+    @participant_operation("commit")
     def commit(
         self,
         checkpoint_id: str,
@@ -98,7 +101,9 @@ class CommitRestore(AdmissionGate, abc.ABC):
                         blockers=list(readiness.blockers[:BLOCKERS_REPORTED]),
                     )
                 self._extend_lease(deadline)
-                export = self._export(scope_set)
+                with operation(Span.participant("export")) as exporting:
+                    export = self._export(scope_set)
+                    exporting.set(Attr.RECORDS, len(export.records))
                 restarts = _unique_sorted(export.restarts)
                 executions = _unique_sorted(export.executions)
                 effects = self._effects_in(scope_set)
@@ -135,9 +140,13 @@ class CommitRestore(AdmissionGate, abc.ABC):
                         checkpoint_id,
                         generation,
                         deadline,
-                        lambda _: reply(
-                            Phase.COMMITTED,
-                            self._write_component(checkpoint_id, store, deadline, records, extra, generation),
+                        bound(  # the upload's spans join the commit's trace
+                            lambda _: reply(
+                                Phase.COMMITTED,
+                                self._write_component(
+                                    checkpoint_id, store, deadline, records, extra, generation
+                                ),
+                            )
                         ),
                     )
                     frozen = reply(Phase.FROZEN, None)
@@ -154,6 +163,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         finally:
             self._op_gate.release()
 
+    @participant_operation("collect")
     def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
         """Wait (until ``deadline``) for the background upload of an asynchronous commit and
         return its committed reply. Idempotent; answers after the resume, which is the point.
@@ -163,6 +173,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         check_deadline(deadline, self._clock(), "collect")
         return self._uploads.collect(checkpoint_id, deadline)
 
+    @participant_operation("restore")
     def restore(
         self,
         checkpoint_id: str,
@@ -265,16 +276,18 @@ class CommitRestore(AdmissionGate, abc.ABC):
         extra: dict[str, JsonValue],
         generation: int,
     ) -> tuple[str, str, int]:
-        return write_component(
-            store,
-            checkpoint_id,
-            self.kind,
-            self.instance,
-            records,
-            extra,
-            lock=self._write_lock(checkpoint_id, generation),
-            check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
-        )
+        with operation(Span.participant("write"), attributes={Attr.CHECKPOINT_ID: checkpoint_id}) as writing:
+            return write_component(
+                store,
+                checkpoint_id,
+                self.kind,
+                self.instance,
+                records,
+                extra,
+                lock=self._write_lock(checkpoint_id, generation),
+                check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
+                written=partial(_count, writing, "write", self.kind),
+            )
 
     def _restore(
         self,
@@ -285,14 +298,18 @@ class CommitRestore(AdmissionGate, abc.ABC):
         scope: frozenset[ExecutionId] | None,
         generation: int,
     ) -> RestoreReply:
-        source = read_component(
-            store,
-            source_checkpoint_id,
-            self.kind,
-            self.instance,
-            scope,
-            lambda: self._check_still_active(checkpoint_id, generation, deadline, "restore"),
-        )
+        with operation(
+            Span.participant("read"), attributes={Attr.CHECKPOINT_ID: source_checkpoint_id}
+        ) as reading:
+            source = read_component(
+                store,
+                source_checkpoint_id,
+                self.kind,
+                self.instance,
+                scope,
+                lambda: self._check_still_active(checkpoint_id, generation, deadline, "restore"),
+            )
+            _count(reading, "read", self.kind, len(source.records), source.bytes)
         by_rollout: dict[str, ExecutionId] = {}
         for execution in source.fenced:
             other = by_rollout.setdefault(execution.rollout_id, execution)
@@ -310,7 +327,9 @@ class CommitRestore(AdmissionGate, abc.ABC):
             self.fence.load(source.tombstones.snapshot())
             self.fence.retire(source.fenced)
             try:
-                restored = sorted(install(), key=execution_key)
+                with operation(Span.participant("install")) as installing:
+                    restored = sorted(install(), key=execution_key)
+                    installing.set(Attr.EXECUTIONS, len(restored))
                 for execution in restored:
                     self._register(execution)
             except BaseException:
@@ -371,3 +390,12 @@ def _unique_sorted(executions: Iterable[ExecutionId]) -> list[ExecutionId]:
     pydantic ids (the ``set`` of them) was a measurable part of the pause at 10k rollouts."""
     unique = {execution_key(e): e for e in executions}
     return [unique[key] for key in sorted(unique)]
+
+
+def _count(measured: Measured, direction: str, kind: str, records: int, size: int) -> None:
+    """Records and bytes an archive write or read moved: on its span and in the metrics."""
+    measured.set(Attr.RECORDS, records)
+    measured.set(Attr.BYTES, size)
+    attributes = {Attr.DIRECTION: direction, Attr.PARTICIPANT_KIND: kind}
+    instruments().records.add(records, attributes)
+    instruments().io.add(size, attributes)

@@ -22,7 +22,14 @@ from ..ids import ExecutionId
 from ..store import ObjectStore, open_store
 from ._hooks import ExportRecords, RecordBatches, execution_key
 
-__all__ = ["SourceComponent", "adopt_manifest", "parse_executions", "read_component", "write_component"]
+__all__ = [
+    "SourceComponent",
+    "adopt_manifest",
+    "archive_bytes",
+    "parse_executions",
+    "read_component",
+    "write_component",
+]
 
 ManifestTriple = tuple[str, str, int]
 """A written manifest's key, sha256 and byte length."""
@@ -38,6 +45,7 @@ def write_component(
     *,
     lock: threading.Condition,
     check_active: Callable[[], None],
+    written: Callable[[int, int], None] | None = None,
 ) -> ManifestTriple:
     """Write the records, then the manifest last, deciding the manifest write under ``lock``.
 
@@ -45,7 +53,8 @@ def write_component(
     record) and, under the lock, right before the manifest, so a resume is either before it (no
     manifest, ever) or after it. :class:`RecordBatches` go through the archive's columnar path
     (``ArchiveWriter.write_columns``: one check per batch, payloads stored as encoded), record
-    models one by one through ``ArchiveWriter.write``.
+    models one by one through ``ArchiveWriter.write``. ``written(records, bytes)`` is told
+    what the archive holds once its manifest exists (telemetry).
     """
     from ..archive import ArchiveWriter
 
@@ -72,14 +81,21 @@ def write_component(
     with lock:
         check_active()
         try:
-            writer.commit(extra=extra)
+            manifest = writer.commit(extra=extra)
         except (ObjectExistsError, ManifestConflictError):
             adopted = adopt_manifest(target, prefix, checkpoint_id, kind, instance, extra)
             if adopted is None:
                 raise
             return adopted
         ref = writer.manifest_ref
+        if written is not None:
+            written(sum(manifest.record_counts.values()), archive_bytes(manifest) + ref.bytes)
         return (ref.key, ref.sha256, ref.bytes)
+
+
+def archive_bytes(manifest: Any) -> int:
+    """Bytes of a component archive's shards and member index (its manifest aside)."""
+    return sum(int(shard.bytes) for shard in manifest.shards) + int(manifest.index.bytes)
 
 
 def adopt_manifest(
@@ -110,6 +126,8 @@ class SourceComponent:
     fenced: list[ExecutionId]
     """The in-scope executions it committed or restarts, sorted: restore tombstones them."""
     tombstones: AttemptFence
+    bytes: int = 0
+    """What the archive holds (shards, index, manifest): what reading it whole costs."""
 
 
 def read_component(
@@ -167,7 +185,13 @@ def read_component(
     if scope is None and len(records) != indexed:
         raise InvalidRecordError(f"{prefix}: read {len(records)} records, the index lists {indexed}")
     fenced = sorted(wanted | {e for e in restarts if in_scope(e)}, key=execution_key)
-    return SourceComponent(prefix=prefix, records=records, fenced=fenced, tombstones=tombstones)
+    return SourceComponent(
+        prefix=prefix,
+        records=records,
+        fenced=fenced,
+        tombstones=tombstones,
+        bytes=archive_bytes(manifest) + reader.manifest_ref.bytes,
+    )
 
 
 def parse_executions(value: Any, what: str) -> list[ExecutionId]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from ..errors import InvalidPhaseError
 from ..format.fencing import AttemptFence
 from ..ids import ExecutionId, validate_id
+from ..telemetry import Span, operation, participant_operation
 from ._commit_restore import CommitRestore
 from ._hooks import BLOCKERS_REPORTED, execution_key
 from ._lease import check_deadline
@@ -29,6 +30,7 @@ class Participant(CommitRestore, abc.ABC):
     """Base class of every in-process participant; see the package docstring for the rules."""
 
     # -- control operations ---------------------------------------------------------------------
+    @participant_operation("prepare")
     def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
         """Close admission, wait (until ``deadline``) for accepted work to reach a safe boundary.
 
@@ -55,12 +57,14 @@ class Participant(CommitRestore, abc.ABC):
                 )
             self._extend_lease(deadline)
             try:
-                return self._wait_ready(checkpoint_id, deadline)
+                with operation(Span.participant("wait_ready")):
+                    return self._wait_ready(checkpoint_id, deadline)
             except BaseException:
                 if self._active == checkpoint_id and self._phase is Phase.PREPARING:
                     self._end_checkpoint("prepare failed")
                 raise
 
+    @participant_operation("resume")
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         """Return to idle and reopen admission (also the abort). Fences the id for good, even on
         a participant that never saw it, so a delayed prepare cannot close admission later.
@@ -130,6 +134,7 @@ class Participant(CommitRestore, abc.ABC):
                 raise self._conflict(checkpoint_id, "renew")
             self._extend_lease(deadline)
 
+    @participant_operation("retire")
     def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
         """Tombstone these attempts and drop their live state (only in idle/restored).
 
@@ -156,6 +161,7 @@ class Participant(CommitRestore, abc.ABC):
                 self._live.pop(live.rollout_id, None)
             self._changed()
 
+    @participant_operation("forget")
     def forget(self, rollout_ids: Sequence[str]) -> None:
         """The framework will never run these rollouts again: drop their tombstones and effects."""
         ids = [validate_id(r, "rollout_id") for r in rollout_ids]

@@ -18,6 +18,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from tenacity.stop import stop_base
 
 from ..errors import CheckpointError, DeadlineExceededError
+from ..telemetry import inject
 from ._wire import ParticipantUnreachableError, error_from_wire
 
 __all__ = ["JsonClient"]
@@ -119,7 +120,8 @@ class JsonClient:
     def _once(self, method: str, path: str, body: dict[str, Any] | None, reply: type[M], end: float) -> M:
         timeout = max(0.05, end - self.clock()) + self.answer_margin_s
         try:
-            response = self._client.request(method, path, json=body, timeout=timeout)
+            headers = inject({})  # W3C trace context: the server's spans join the caller's trace
+            response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
         except httpx.TransportError as exc:
             raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
         if response.status_code in _RETRY_STATUSES:

@@ -39,6 +39,7 @@ from ..protocol import (
     ResumeReply,
 )
 from ..store import ObjectStore, open_store
+from ..telemetry import extracted, log_fields
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
     INTERNAL_ERROR,
@@ -142,7 +143,8 @@ def _route_class(check: _TokenCheck) -> type[APIRoute]:
                 if not check.header_ok(request.headers.get("authorization")):
                     return _unauthorized()
                 try:
-                    return await handler(request)
+                    with extracted(request.headers):  # the caller's trace continues here
+                        return await handler(request)
                 except _Unauthorized:
                     return _unauthorized()
                 except RequestValidationError as exc:
@@ -154,7 +156,11 @@ def _route_class(check: _TokenCheck) -> type[APIRoute]:
                 except CheckpointError as exc:
                     return error_response(status_for(exc), exc.code, exc.message)
                 except Exception:
-                    log.exception("checkpoint control %s failed unexpectedly", request.url.path)
+                    log.exception(
+                        "checkpoint control %s failed unexpectedly",
+                        request.url.path,
+                        extra=log_fields(error_code=INTERNAL_ERROR),
+                    )
                     return error_response(500, INTERNAL_ERROR, "internal error; see the server log")
 
             return guarded

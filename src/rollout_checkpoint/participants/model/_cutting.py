@@ -19,6 +19,7 @@ from pydantic import JsonValue
 from ...errors import CheckpointError, GenerationCutError
 from ...ids import ExecutionId
 from ...protocol import Participant, Phase, PrepareReport, execution_key
+from ...telemetry import Attr, Span, bound, instruments, operation
 from ...tokens import TokenEntry, TokenPutReceipt, TokenSink, prefix_digest
 from ..generation import FrozenBuffer, Generation
 from ._calls import CutRound, Ticket, token_entry
@@ -88,12 +89,18 @@ class CutRounds(Participant):
                 to_cut.append(ticket)
             # "staging": its own thread acknowledges the completion once durable
         if to_cut:
-            threading.Thread(
-                target=self._cut_all, args=(round_, to_cut), name=f"cut-{self.instance}", daemon=True
+            threading.Thread(  # under the prepare's trace context: the cut span joins its trace
+                target=bound(self._cut_all), args=(round_, to_cut), name=f"cut-{self.instance}", daemon=True
             ).start()
 
     def _cut_all(self, round_: CutRound, tickets: Sequence[Ticket]) -> None:
         """The cutter: swap each running generation's buffer, stage the frozen prefix durably."""
+        checkpoint_id = round_.inventory.checkpoint_id
+        attributes: dict[str, str | int] = {Attr.CHECKPOINT_ID: checkpoint_id, Attr.CALLS: len(tickets)}
+        with operation(Span.participant("generation_cut"), attributes=attributes):
+            self._cut_each(round_, tickets)
+
+    def _cut_each(self, round_: CutRound, tickets: Sequence[Ticket]) -> None:
         for ticket in tickets:
             generation = ticket.generation
             frozen = generation.cut() if generation is not None else None
@@ -192,6 +199,7 @@ class CutRounds(Participant):
             return
         round_.acks[tid] = ack
         self._stats[ack.disposition] += 1
+        instruments().generation_cuts.add(1, {Attr.CUT_DISPOSITION: ack.disposition})
         self._changed()
 
     def _cut_ticket(self, ticket: Ticket) -> CutTicket:
