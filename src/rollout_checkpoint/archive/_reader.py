@@ -372,6 +372,10 @@ class RawArchiveReader:
                 base=r.base,
             )
 
+    def stored_members(self) -> Iterator[MemberRef]:
+        """The members this archive stores itself (its member index only; no reference table)."""
+        yield from self._member_index().members()
+
     def _shard_data(self, i: int, shard: ShardEntry) -> bytes:
         key = self.key_of(shard.key)
         try:

@@ -144,7 +144,7 @@ class BaseCatalog:
         reader = RawArchiveReader.open(store, prefix)
         members: dict[Identity, _Stored] = {ident: stored for ident, stored in plan.references}
         manifest = reader.manifest_ref
-        for m in _stored_members(reader):
+        for m in reader.stored_members():
             ident = (m.kind, m.rollout_id, m.attempt, m.key)
             written = plan.written.get(ident)
             if written is None:
@@ -158,12 +158,6 @@ class BaseCatalog:
         """Drop the catalog (the next commit writes everything)."""
         with self._lock:
             self._checkpoint_id, self._members = None, {}
-
-
-def _stored_members(reader: RawArchiveReader) -> Iterator[Any]:
-    for m in reader.members():
-        if m.base is None:
-            yield m
 
 
 def _published(store: ObjectStore, checkpoint_id: str) -> bool:
