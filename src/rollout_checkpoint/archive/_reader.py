@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Self
@@ -126,6 +127,21 @@ def find_component_prefixes(store: ObjectStore, prefix: str = "") -> list[str]:
     return component_prefixes(info.key for info in store.list(prefix))
 
 
+_PARSED: dict[str, ComponentManifest] = {}
+"""Parsed manifests by the SHA-256 of their bytes (immutable, so safe to share): a format-2
+archive opens the same base manifests at every checkpoint, and parsing one (its ``extra`` lists
+every execution) costs far more than fetching and hashing it."""
+_PARSED_KEPT = 512
+_parsed_lock = threading.Lock()
+
+
+def _remember(sha256: str, manifest: ComponentManifest) -> None:
+    with _parsed_lock:
+        if len(_PARSED) >= _PARSED_KEPT:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[sha256] = manifest
+
+
 class _WindowFile(io.RawIOBase):
     """A read-only file of ``size`` bytes of which only ``[offset, offset + len(data))`` is known.
 
@@ -207,10 +223,13 @@ class RawArchiveReader:
                 expected_sha256=expected_sha256,
                 found_sha256=ref.sha256,
             )
-        try:
-            manifest = parse_component_manifest(data)
-        except InvalidRecordError as exc:
-            raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+        manifest = _PARSED.get(ref.sha256)
+        if manifest is None:
+            try:
+                manifest = parse_component_manifest(data)
+            except InvalidRecordError as exc:
+                raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+            _remember(ref.sha256, manifest)
         return cls(store, prefix, manifest, ref)
 
     def key_of(self, relative: str) -> str:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -71,9 +70,9 @@ REFERENCE_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Reference:
-    """One referenced member: its index fields and its row in base archive ``base``."""
+class Reference(NamedTuple):
+    """One referenced member: its index fields and its row in base archive ``base`` (a tuple:
+    an archive lists tens of thousands, built and parsed in bulk)."""
 
     kind: str
     rollout_id: str
