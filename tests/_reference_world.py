@@ -25,7 +25,12 @@ from rollout_checkpoint.tokens import ObjectStoreTokenStore
 class RealWorld:
     """One process: the three reference participants, a registry, the reference token store."""
 
-    def __init__(self, store: ObjectStore, backend: FakeGenerationBackend | None = None) -> None:
+    history = False
+    """Whether each turn's boundary carries the whole history so far (one output item per turn)."""
+
+    def __init__(
+        self, store: ObjectStore, backend: FakeGenerationBackend | None = None, *, incremental: bool = True
+    ) -> None:
         self.tokens = ObjectStoreTokenStore(store)
         self.agent = AgentParticipant("agent-0")
         self.backend = backend or FakeGenerationBackend(seed=1)
@@ -35,6 +40,10 @@ class RealWorld:
         self.participants: list[Participant] = [self.agent, self.model, self.resources]
         self.registry = LiveExecutionRegistry()
         self.coordinator = Coordinator(store, self.participants, self.registry, self.tokens)
+        for participant in self.participants:  # format 2 (incremental) or format 1 (full)
+            participant.incremental_commits = incremental
+        if not incremental:
+            self.coordinator.registry_catalog.enabled = False
 
     def close(self) -> None:
         for participant in self.participants:
@@ -53,6 +62,9 @@ class RealWorld:
                 turn_index=index,
                 last_model_call_id=call_id,
                 resource_revisions={"res-0": {"s": revision}},
+                output_items=[{"turn": i, "text": f"item {i}"} for i in range(1, index + 1)]
+                if self.history
+                else [],
             ),
         )
 

@@ -639,7 +639,7 @@ def test_hash_collision_between_distinct_members_is_not_a_duplicate(memory_store
 def test_newer_manifest_schema_refused(memory_store: MemoryStore) -> None:
     writer, _ = write_archive(memory_store, make_records(3))
     loaded = json.loads(memory_store.get(writer.manifest_key))
-    loaded["schema_version"] = 2
+    loaded["schema_version"] = 3  # newer than format version 2
     memory_store.put(writer.manifest_key, json.dumps(loaded).encode())
     with pytest.raises(UnsupportedSchemaError):
         ArchiveReader.open(memory_store, PREFIX)

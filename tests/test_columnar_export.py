@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from rollout_checkpoint.archive import ArchiveWriter
 from rollout_checkpoint.errors import CheckpointError, InvalidRecordError
 from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.format.chunks import assemble_boundaries, component_records
 from rollout_checkpoint.format.columnar import RecordBatch, RecordBatches, encode_docs
 from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
@@ -466,7 +467,13 @@ def frozen_write_read(participant: Participant, mutate: Any) -> tuple[list[Recor
     assert participant.prepare("c1", soon()).ready
     with participant._cond:
         export: Export = participant._export(None)
-    at_export = list(export.records)
+    records = export.records
+    if isinstance(records, RecordBatches):  # format 2: boundaries assembled from their chunks
+        at_export = assemble_boundaries(
+            (r, p) for b in records.batches for r, p in zip(b.records(), b.payloads, strict=True)
+        )
+    else:
+        at_export = list(records)
     participant.resume("c1", soon())  # an asynchronous publication writes after the resume
     mutate()
     write_component(
@@ -480,7 +487,7 @@ def frozen_write_read(participant: Participant, mutate: Any) -> tuple[list[Recor
         check_active=lambda: None,
     )
     prefix = layout.component_prefix("c1", participant.kind, participant.instance)
-    return at_export, list(ArchiveReader.open(store, prefix).iter_records())
+    return at_export, component_records(ArchiveReader.open(store, prefix))
 
 
 def test_agent_export_is_immune_to_later_state_changes() -> None:

@@ -18,6 +18,7 @@ from rollout_checkpoint.format.records import (
     CompletedResultRecord,
     DispatchRecord,
     ModelCallLineageRecord,
+    OutputChunkRecord,
     ResourceSnapshotRecord,
     TokenStoreReceipt,
     decode_record,
@@ -104,6 +105,7 @@ def _samples() -> list:
         ),
         CompletedResultRecord(rollout_id="r", attempt=0, result={"reward": 1.0}, reward=1.0),
         DispatchRecord(rollout_id="r", attempt=1, state="running", input_digest="abc"),
+        OutputChunkRecord(rollout_id="r", attempt=1, first_item=3, items=[{"role": "user"}, "x"]),
     ]
 
 
@@ -112,7 +114,7 @@ def test_record_round_trip_and_newer_schema_refused(record) -> None:
     payload = record.to_payload()
     assert decode_record(record.kind, payload) == record
     data = json.loads(payload)
-    data["schema_version"] = RECORD_SCHEMA_VERSION + 1
+    data["schema_version"] = type(record).newest_schema_version + 1
     with pytest.raises(UnsupportedSchemaError) as info:
         decode_record(record.kind, json.dumps(data))
     assert info.value.code == "unsupported_schema"

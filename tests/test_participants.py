@@ -20,6 +20,7 @@ from rollout_checkpoint.errors import (
     StaleAttemptError,
 )
 from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.format.chunks import component_records
 from rollout_checkpoint.format.records import (
     AgentBoundaryRecord,
     ModelCallLineageRecord,
@@ -67,7 +68,7 @@ def restore(participant: Participant, store: ObjectStore, source: str, restore_i
 
 
 def records_of(store: ObjectStore, reply: Any) -> list[Record]:
-    return list(ArchiveReader.open(store, reply.manifest_key.rsplit("/", 1)[0]).iter_records())
+    return component_records(ArchiveReader.open(store, reply.manifest_key.rsplit("/", 1)[0]))
 
 
 @pytest.fixture()

@@ -36,8 +36,12 @@ def _store(url: str, options: list[str]) -> ObjectStore:
 
 def _publish(store: ObjectStore, n: int) -> list[str]:
     dep = DemoDeployment(store)
-    dep.populate(10)
-    ids = [dep.checkpoint(f"ck-{i}").checkpoint_id for i in range(n)]
+    ids = []
+    for i in range(n):
+        # new rollouts every time: each checkpoint stores members of its own (format 2 refers
+        # to the unchanged ones instead of writing them again)
+        dep.populate(10, prefix=f"p{i}")
+        ids.append(dep.checkpoint(f"ck-{i}").checkpoint_id)
     dep.close()
     return ids
 

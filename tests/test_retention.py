@@ -57,7 +57,10 @@ def test_keeps_the_newest_k(dep: Deployment) -> None:
     report = collect_garbage(dep.store, keep=2, min_age_s=3600)
     assert sorted(report.unpublished) == made[:3]
     assert _ids(dep.store) == [made[4], made[3]]
-    assert _prefixes(dep.store) == {made[3], made[4]}
+    # format 2: only the archives the kept checkpoints refer into stay of the others
+    referenced = {p.split("/")[1] for p in report.referenced_prefixes}
+    assert referenced <= set(made[:3])
+    assert _prefixes(dep.store) == {made[3], made[4]} | referenced
     _verify_all(dep.store)
 
 
@@ -152,6 +155,19 @@ def test_crash_at_every_gc_step_leaves_published_checkpoints_verifiable() -> Non
         _verify_all(d.store)
         assert "ck-2" in _ids(d.store)
         collect_garbage(d.store, keep=1, min_age_s=0)
-        assert _ids(d.store) == ["ck-2"] and _prefixes(d.store) == {"ck-2"}
+        # format 2: of the others, only the archives ck-2 refers into stay
+        assert _ids(d.store) == ["ck-2"] and _prefixes(d.store) == {"ck-2"} | _referenced_by(d.store, "ck-2")
         _verify_all(d.store)
         d.close()
+
+
+def _referenced_by(store: ObjectStore, cid: str) -> set[str]:
+    """Checkpoint ids whose archives the components of ``cid`` refer into (format 2)."""
+    from rollout_checkpoint.format import ArchiveReader
+    from rollout_checkpoint.reader import load_checkpoint
+
+    return {
+        base.split("/")[1]
+        for ref in load_checkpoint(store, cid).record.components
+        for base in ArchiveReader.open(store, ref.prefix).base_prefixes()
+    }

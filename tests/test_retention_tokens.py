@@ -102,7 +102,13 @@ def test_gc_leaves_no_empty_folders_on_local_disk(tmp_path: Path) -> None:
     dep.close()
     report = collect_garbage(str(root), keep=1, min_age_s=0)
     assert sorted(report.unpublished) == ["ck-0", "ck-1"]
-    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["ck-2"]
+    # format 2: archives of ck-0/ck-1 that ck-2 refers into stay (and only those)
+    referenced = {p.split("/")[1] for p in report.referenced_prefixes}
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == sorted({"ck-2"} | referenced)
+    for cid in referenced:
+        kept = {str(p.relative_to(root)) for p in (root / "checkpoints" / cid).rglob("manifest.json")}
+        assert kept == {f"{p}/manifest.json" for p in report.referenced_prefixes if p.split("/")[1] == cid}
+    verify_checkpoint(str(root), "ck-2")
     empty = [d for d in root.rglob("*") if d.is_dir() and not any(d.iterdir())]
     assert empty == []
 

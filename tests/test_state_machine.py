@@ -32,7 +32,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from _reference_world import RealWorld
 from rollout_checkpoint.coordinator import RestoreFailedError
-from rollout_checkpoint.errors import CheckpointNotFoundError, CheckpointRejectedError, StaleAttemptError
+from rollout_checkpoint.archive import find_component_prefixes, parse_component_manifest
+from rollout_checkpoint.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointRejectedError,
+    StaleAttemptError,
+)
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.format.records import AgentBoundaryRecord
@@ -75,17 +81,23 @@ class GatedBackend(FakeGenerationBackend):
 class World(RealWorld):
     """The reference deployment plus the number of turns each rollout has taken."""
 
-    def __init__(self, store: MemoryStore) -> None:
+    history = True  # growing histories: format 2 writes them in chunks
+
+    def __init__(self, store: MemoryStore, *, incremental: bool = True) -> None:
         self.gated = GatedBackend()
-        super().__init__(store, backend=self.gated)
+        super().__init__(store, backend=self.gated, incremental=incremental)
         self.turns: dict[str, int] = {}
 
 
 class ProtocolMachine(RuleBasedStateMachine):
+    incremental = True
+    """Format 2 (incremental checkpoints); the subclass below runs the same rules with full ones:
+    both must classify every rollout as the model of the world says, so they classify alike."""
+
     def __init__(self) -> None:
         super().__init__()
         self.store = MemoryStore(f"sm-{uuid.uuid4().hex}")
-        self.world = World(self.store)
+        self.world = World(self.store, incremental=self.incremental)
         self.crashed = False
         self.retired: set[ExecutionId] = set()
         # what had been retired when each checkpoint was published: its tombstones are committed
@@ -281,7 +293,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def crash(self) -> None:
         """Every in-memory participant, the registry and the coordinator are gone."""
         self.world.close()
-        self.world = World(self.store)
+        self.world = World(self.store, incremental=self.incremental)
         self.crashed = bool(self._published())
         self.retired = set()
 
@@ -476,6 +488,25 @@ class ProtocolMachine(RuleBasedStateMachine):
                 del body[at:]
             self.store.put(key, bytes(body))
         self.damaged.add(cid)
+        self.damaged.update(self._referring_to(key))
+
+    def _referring_to(self, key: str) -> set[str]:
+        """Format 2: published checkpoints with a component that refers into the archive holding
+        ``key`` (they depend on its manifest, index and shards, not on its reference table)."""
+        if "/components/" not in key or key.rsplit("/", 1)[-1].startswith("refs-"):
+            return set()
+        parts = key.split("/")
+        prefix = "/".join(parts[:5])  # checkpoints/<id>/components/<kind>/<instance>
+        out = set()
+        for cid in self.order:
+            for p in find_component_prefixes(self.store, layout.checkpoint_prefix(cid) + "/"):
+                try:
+                    manifest = parse_component_manifest(self.store.get(f"{p}/manifest.json"))
+                except CheckpointError:
+                    continue  # damaged itself: that checkpoint is marked already
+                if prefix in {b.prefix for b in manifest.bases or []}:
+                    out.add(cid)
+        return out
 
     # -- invariants ---------------------------------------------------------------------------------
     @invariant()
@@ -556,3 +587,11 @@ ProtocolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestProtocol = ProtocolMachine.TestCase
+
+
+class FullProtocolMachine(ProtocolMachine):
+    incremental = False
+
+
+FullProtocolMachine.TestCase.settings = ProtocolMachine.TestCase.settings
+TestProtocolFullCheckpoints = FullProtocolMachine.TestCase

@@ -53,6 +53,9 @@ class MemberRef:
     shard: int
     row_group: int
     row: int
+    base: int | None = None
+    """Version 2: the position in the manifest's ``bases`` of the archive that stores this member
+    (``shard``, ``row_group``, ``row`` are then its location there); ``None``: stored here."""
 
 
 @dataclass(frozen=True, slots=True)

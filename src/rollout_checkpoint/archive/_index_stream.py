@@ -91,8 +91,9 @@ class IndexStream:
         try:
             finished: tuple[int, str] | None = None
             if not self.stale:
-                writer = self.writer or self._open()
-                try:  # the stream's last bytes go out now (it buffers up to a MiB natively)
+                try:  # the stream's last bytes go out now (it buffers up to a MiB natively);
+                    # an archive with no row groups opens its index only now
+                    writer = self.writer or self._open()
                     finished = writer.finish(spans, footers)
                 except Exception as exc:  # a failed stream is rebuilt, as during the writes
                     self.stale = True

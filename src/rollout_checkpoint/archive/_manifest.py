@@ -27,6 +27,8 @@ from ._schema import utc_now_iso
 
 __all__ = [
     "COMPONENT_MANIFEST_SCHEMA_VERSION",
+    "BaseEntry",
+    "ReferencesEntry",
     "ComponentManifest",
     "IndexEntry",
     "ManifestRef",
@@ -37,7 +39,10 @@ __all__ = [
     "utc_now_iso",
 ]
 
-COMPONENT_MANIFEST_SCHEMA_VERSION: Final = 1
+COMPONENT_MANIFEST_SCHEMA_VERSION: Final = 2
+"""Newest manifest schema this code reads and writes. 2 adds ``bases`` and ``references`` (member
+references into earlier archives, docs/format.md "Format version 2"); an archive with neither is
+still written as version 1, so version-1 readers keep reading it."""
 
 _SHA256 = r"^[0-9a-f]{64}$"
 
@@ -78,48 +83,6 @@ class IndexEntry(_Model):
     _check_key = field_validator("key")(_relative_key)
 
 
-class ComponentManifest(_Model):
-    """What one participant instance wrote for one checkpoint; see docs/format.md."""
-
-    schema_version: Literal[1] = COMPONENT_MANIFEST_SCHEMA_VERSION
-    checkpoint_id: Identifier
-    participant_kind: Identifier
-    instance: Identifier
-    writer_id: Identifier
-    created_at: str = Field(min_length=1)
-    shards: list[ShardEntry]
-    index: IndexEntry
-    record_counts: dict[str, int]
-    digest_algorithm: Literal["sha256"] = "sha256"
-    extra: dict[str, JsonValue] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ComponentManifest:
-        # A manifest that contradicts itself is refused before anyone trusts a count from it.
-        shard_records = sum(s.records for s in self.shards)
-        counted = sum(self.record_counts.values())
-        if any(n < 0 for n in self.record_counts.values()):
-            raise ValueError("record_counts must not be negative")
-        if not (shard_records == counted == self.index.rows):
-            raise ValueError(
-                f"inconsistent counts: shards hold {shard_records} records, record_counts sum to "
-                f"{counted}, the index has {self.index.rows} rows"
-            )
-        keys = [s.key for s in self.shards] + [self.index.key]
-        if len(set(keys)) != len(keys):
-            raise ValueError("shard and index keys must be distinct")
-        return self
-
-    @property
-    def total_records(self) -> int:
-        return self.index.rows
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of shards plus index (the manifest itself not included)."""
-        return sum(s.bytes for s in self.shards) + self.index.bytes
-
-
 class ManifestRef(_Model):
     """Where a committed manifest is and what its exact bytes hash to (aggregates pin these)."""
 
@@ -134,12 +97,102 @@ class ManifestRef(_Model):
         return cls(key=key, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
 
 
+class BaseEntry(_Model):
+    """An earlier archive whose shards hold members this archive refers to (``prefix`` relative to
+    the store root; ``manifest`` pins its ``manifest.json`` bytes)."""
+
+    prefix: str
+    manifest: ManifestRef
+
+    _check_prefix = field_validator("prefix")(_relative_key)
+
+    @model_validator(mode="after")
+    def _manifest_in_prefix(self) -> BaseEntry:
+        if self.manifest.key != f"{self.prefix}/manifest.json":
+            raise ValueError(f"base manifest key {self.manifest.key!r} is not {self.prefix}/manifest.json")
+        return self
+
+
+class ReferencesEntry(_Model):
+    """The reference table (Parquet): ``key`` relative to the archive prefix, ``counts`` per kind."""
+
+    key: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=_SHA256)
+    rows: int = Field(ge=0)
+    counts: dict[str, int]
+
+    _check_key = field_validator("key")(_relative_key)
+
+
+class ComponentManifest(_Model):
+    """What one participant instance wrote for one checkpoint; see docs/format.md."""
+
+    schema_version: Literal[1, 2] = 1
+    checkpoint_id: Identifier
+    participant_kind: Identifier
+    instance: Identifier
+    writer_id: Identifier
+    created_at: str = Field(min_length=1)
+    shards: list[ShardEntry]
+    index: IndexEntry
+    record_counts: dict[str, int]
+    digest_algorithm: Literal["sha256"] = "sha256"
+    extra: dict[str, JsonValue] = Field(default_factory=dict)
+    bases: list[BaseEntry] | None = None
+    references: ReferencesEntry | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ComponentManifest:
+        # A manifest that contradicts itself is refused before anyone trusts a count from it.
+        shard_records = sum(s.records for s in self.shards)
+        counted = sum(self.record_counts.values())
+        if any(n < 0 for n in self.record_counts.values()):
+            raise ValueError("record_counts must not be negative")
+        if not (shard_records == counted == self.index.rows):
+            raise ValueError(
+                f"inconsistent counts: shards hold {shard_records} records, record_counts sum to "
+                f"{counted}, the index has {self.index.rows} rows"
+            )
+        keys = [s.key for s in self.shards] + [self.index.key]
+        if self.references is not None:
+            keys.append(self.references.key)
+            if any(n < 0 for n in self.references.counts.values()) or (
+                sum(self.references.counts.values()) != self.references.rows
+            ):
+                raise ValueError("reference counts must be non-negative and sum to the reference rows")
+        if len(set(keys)) != len(keys):
+            raise ValueError("shard, index and reference table keys must be distinct")
+        v2 = self.bases is not None or self.references is not None
+        if v2 != (self.schema_version == 2):
+            raise ValueError("bases and references are present exactly in schema_version 2")
+        if v2 and (self.bases is None or self.references is None):
+            raise ValueError("schema_version 2 has both bases and references")
+        if self.bases is not None:
+            prefixes = [b.prefix for b in self.bases]
+            if len(set(prefixes)) != len(prefixes):
+                raise ValueError("bases must be distinct archives")
+        return self
+
+    @property
+    def total_records(self) -> int:
+        return self.index.rows
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of shards plus index (the manifest itself not included)."""
+        return sum(s.bytes for s in self.shards) + self.index.bytes
+
+
 def manifest_to_bytes(manifest: ComponentManifest) -> bytes:
     """Canonical bytes (sorted keys, compact, UTF-8): equal manifests give equal bytes, so a
-    retried create-only put of the same manifest is recognised as idempotent."""
-    return json.dumps(
-        manifest.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode()
+    retried create-only put of the same manifest is recognised as idempotent. A version-1
+    manifest has no ``bases``/``references`` keys at all (its bytes are those of version 1)."""
+    body = manifest.model_dump(mode="json")
+    if manifest.schema_version == 1:
+        body.pop("bases", None)
+        body.pop("references", None)
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def build_component_manifest(
@@ -153,6 +206,8 @@ def build_component_manifest(
     index: IndexEntry,
     record_counts: dict[str, int],
     extra: dict[str, JsonValue],
+    bases: list[BaseEntry] | None = None,
+    references: ReferencesEntry | None = None,
 ) -> tuple[ComponentManifest, builtins.bytes]:
     """A finished writer's manifest and its bytes. ``shards`` are the writer's ``ShardInfo``s
     (slotted dataclasses with ``ShardEntry``'s fields), in upload order."""
@@ -166,6 +221,9 @@ def build_component_manifest(
         index=index,
         record_counts=dict(sorted(record_counts.items())),
         extra=extra,
+        schema_version=2 if references is not None else 1,
+        bases=bases,
+        references=references,
     )
     return manifest, manifest_to_bytes(manifest)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Self
@@ -22,11 +24,13 @@ from ..store import ObjectStore
 from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
+from ._references import Reference, ReferenceResolver, parse_reference_table
 from ._schema import MANIFEST_NAME, SHARD_SCHEMA, join_key
 
 __all__ = ["RawArchiveReader", "RawRecord", "check_object", "component_prefixes", "find_component_prefixes"]
 
 _CHUNK = 1 << 20
+_MEMBER_FIELDS = ("kind", "rollout_id", "attempt", "key", "revision", "refs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,21 @@ def find_component_prefixes(store: ObjectStore, prefix: str = "") -> list[str]:
     return component_prefixes(info.key for info in store.list(prefix))
 
 
+_PARSED: dict[str, ComponentManifest] = {}
+"""Parsed manifests by the SHA-256 of their bytes (immutable, so safe to share): a format-2
+archive opens the same base manifests at every checkpoint, and parsing one (its ``extra`` lists
+every execution) costs far more than fetching and hashing it."""
+_PARSED_KEPT = 512
+_parsed_lock = threading.Lock()
+
+
+def _remember(sha256: str, manifest: ComponentManifest) -> None:
+    with _parsed_lock:
+        if len(_PARSED) >= _PARSED_KEPT:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[sha256] = manifest
+
+
 class _WindowFile(io.RawIOBase):
     """A read-only file of ``size`` bytes of which only ``[offset, offset + len(data))`` is known.
 
@@ -182,6 +201,7 @@ class RawArchiveReader:
         self.manifest = manifest
         self.manifest_ref = manifest_ref
         self._index: MemberIndex | None = None
+        self._resolver_cache: ReferenceResolver | None = None
 
     @classmethod
     def open(cls, store: ObjectStore, prefix: str, *, expected_sha256: str | None = None) -> Self:
@@ -203,10 +223,13 @@ class RawArchiveReader:
                 expected_sha256=expected_sha256,
                 found_sha256=ref.sha256,
             )
-        try:
-            manifest = parse_component_manifest(data)
-        except InvalidRecordError as exc:
-            raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+        manifest = _PARSED.get(ref.sha256)
+        if manifest is None:
+            try:
+                manifest = parse_component_manifest(data)
+            except InvalidRecordError as exc:
+                raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+            _remember(ref.sha256, manifest)
         return cls(store, prefix, manifest, ref)
 
     def key_of(self, relative: str) -> str:
@@ -215,7 +238,18 @@ class RawArchiveReader:
 
     # -- integrity ----------------------------------------------------------------------------
     def check(self) -> list[IntegrityError]:
-        """Every problem found (streams each shard and the index once); empty when intact."""
+        """Every problem found (streams each shard and the index once; in format 2 also the
+        reference table and what it refers to, see ``ReferenceResolver.check``); empty when intact."""
+        problems = self.check_stored()
+        if self.manifest.references is not None and not problems:
+            try:
+                problems.extend(self._resolver().check())
+            except IntegrityError as exc:
+                problems.append(exc)
+        return problems
+
+    def check_stored(self) -> list[IntegrityError]:
+        """The problems of the objects this archive stores itself (shards and member index)."""
         problems: list[IntegrityError] = []
         for i, shard in enumerate(self.manifest.shards):
             try:
@@ -227,6 +261,85 @@ class RawArchiveReader:
         except IntegrityError as exc:
             problems.append(exc)
         return problems
+
+    def _resolver(self) -> ReferenceResolver:
+        """Version 2: the digest-checked reference table and the bases it points into (empty for
+        version 1). A referenced identity that is also stored here is an ``IntegrityError``."""
+        if self._resolver_cache is None:
+            entry = self.manifest.references
+            rows: list[Reference] = []
+            if entry is not None:
+                data = self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+                key = self.key_of(entry.key)
+                try:
+                    rows = parse_reference_table(data, len(self.manifest.bases or []))
+                except InvalidRecordError as exc:
+                    raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+                counts: dict[str, int] = {}
+                for r in rows:
+                    counts[r.kind] = counts.get(r.kind, 0) + 1
+                if len(rows) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
+                    raise IntegrityError(
+                        f"{key}: reference table does not match the manifest's counts",
+                        key=key,
+                        problem="inconsistent",
+                    )
+                index = self._member_index()
+                literal = set(
+                    zip(
+                        *(index.column(n).to_pylist() for n in ("kind", "rollout_id", "attempt", "key")),
+                        strict=True,
+                    )
+                )
+                seen: set[tuple[str, str, int, str]] = set()
+                for r in rows:
+                    if r.identity in literal or r.identity in seen:
+                        raise IntegrityError(
+                            f"{key}: member {r.kind}/{r.rollout_id}#{r.attempt}/{r.key} is listed twice",
+                            key=key,
+                            problem="inconsistent",
+                        )
+                    seen.add(r.identity)
+            self._resolver_cache = ReferenceResolver(
+                self,
+                rows,
+                lambda store, prefix, sha: RawArchiveReader.open(store, prefix, expected_sha256=sha),
+            )
+        return self._resolver_cache
+
+    def _checked_object(self, relative: str, size: int, sha256: str, what: str) -> bytes:
+        """One whole object of this archive, its length and SHA-256 checked."""
+        key = self.key_of(relative)
+        try:
+            data = self.store.get(key)
+        except ObjectNotFoundError:
+            raise _missing(key, what) from None
+        check_bytes(key, data, size, sha256, what)
+        return data
+
+    def references(self, kind: str | None = None) -> list[Reference]:
+        """The members this archive refers to in its bases (version 2; empty for version 1)."""
+        rows = self._resolver().rows
+        return rows if kind is None else [r for r in rows if r.kind == kind]
+
+    def open_bases(self) -> None:
+        """Version 2: read the reference table and every base's manifest, each checked against its
+        pin (what a load without ``verify`` checks of the bases; ``IntegrityError`` when one is
+        missing or altered)."""
+        resolver = self._resolver()
+        for i in range(len(self.manifest.bases or [])):
+            resolver.base(i)
+
+    def base_prefixes(self) -> list[str]:
+        """Prefixes of the archives this one refers to (what retention must keep with it)."""
+        return [b.prefix for b in self.manifest.bases or []]
+
+    def locations(self) -> dict[tuple[int, int, int], tuple[Any, ...]]:
+        """(shard, row group, row) -> (kind, rollout_id, attempt, key, revision, refs) of every
+        member stored here (the digest-checked index)."""
+        table = self._member_index().table
+        cols = [table.column(n).to_pylist() for n in ("shard", "row_group", "row", *_MEMBER_FIELDS)]
+        return {(a, b, c): tuple(rest) for a, b, c, *rest in zip(*cols, strict=True)}
 
     def verify(self) -> None:
         """Raise the first ``IntegrityError`` :meth:`check` finds (missing / truncated / altered)."""
@@ -261,8 +374,26 @@ class RawArchiveReader:
 
     # -- members ------------------------------------------------------------------------------
     def members(self, kind: str | None = None) -> Iterator[MemberRef]:
-        """Members from the index only (no shard is read), in write order."""
+        """Members from the index only (no shard is read), in write order; then, in version 2, the
+        referenced members from the reference table (``base`` set, location in that base)."""
         yield from self._member_index().members(kind)
+        for r in self.references(kind):
+            yield MemberRef(
+                kind=r.kind,
+                rollout_id=r.rollout_id,
+                attempt=r.attempt,
+                key=r.key,
+                revision=r.revision,
+                refs=json.loads(r.refs) if r.refs is not None else None,
+                shard=r.shard,
+                row_group=r.row_group,
+                row=r.row,
+                base=r.base,
+            )
+
+    def stored_members(self) -> Iterator[MemberRef]:
+        """The members this archive stores itself (its member index only; no reference table)."""
+        yield from self._member_index().members()
 
     def _shard_data(self, i: int, shard: ShardEntry) -> bytes:
         key = self.key_of(shard.key)
@@ -304,6 +435,9 @@ class RawArchiveReader:
         """
         for table, key in self._row_groups(kind):
             yield from _raw_rows(table, key)
+        refs = self.references(kind)
+        if refs:
+            yield from self._resolver().read(refs)
 
     def iter_dicts(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
         """Every payload parsed into a dict (orjson), without building record models: the fast
@@ -316,11 +450,29 @@ class RawArchiveReader:
                 raise IntegrityError(
                     f"{key}: a payload is not JSON: {exc}", key=key, problem="invalid"
                 ) from None
+        refs = self.references(kind)
+        if refs:
+            for raw in self._resolver().read(refs):
+                try:
+                    yield loads(raw.payload)
+                except orjson.JSONDecodeError as exc:
+                    raise IntegrityError(
+                        f"{self.prefix}: a referenced payload is not JSON: {exc}",
+                        key=self.prefix,
+                        problem="invalid",
+                    ) from None
 
     def get_raw(self, kind: str, rollout_id: str, attempt: int, key: str) -> RawRecord:
         """One member: the cached index plus exactly one ranged GET of its row group."""
         index = self._member_index()
         pos = index.position(kind, rollout_id, attempt, key)
+        if pos is None and self.manifest.references is not None:
+            wanted = (kind, rollout_id, attempt, key)
+            for r in self.references(kind):
+                if r.identity == wanted:
+                    (found,) = self._resolver().read([r])
+                    assert isinstance(found, RawRecord)
+                    return found
         if pos is None:
             raise MemberNotFoundError(
                 f"no member {kind}/{rollout_id}#{attempt}/{key} in archive {self.prefix!r}",
@@ -330,26 +482,8 @@ class RawArchiveReader:
                 key=key,
             )
         shard_no, row_group, row = index.locate(pos)
-        shard = self.manifest.shards[shard_no]
-        span = index.spans[shard_no][row_group]
-        shard_key = self.key_of(shard.key)
-        try:
-            data = self.store.get_range(shard_key, span.offset, span.offset + span.length)
-        except ObjectNotFoundError:
-            raise _missing(shard_key, f"shard {shard_no}") from None
-        check_bytes(shard_key, data, span.length, span.sha256, f"row group {row_group} of shard {shard_no}")
-        pf = pq.ParquetFile(
-            _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(shard_no)
-        )
-        try:
-            table = pf.read_row_group(row_group, use_threads=False).slice(row, 1)
-        except (pa.ArrowException, OSError) as exc:
-            raise IntegrityError(
-                f"{shard_key}: row group {row_group} cannot be decoded: {exc}",
-                key=shard_key,
-                problem="invalid",
-            ) from None
-        rows = list(_raw_rows(table, shard_key))
+        shard_key = self.key_of(self.manifest.shards[shard_no].key)
+        rows = self.read_rows(shard_no, row_group, [row])
         if len(rows) != 1 or (rows[0].kind, rows[0].rollout_id, rows[0].attempt, rows[0].key) != (
             kind,
             rollout_id,
@@ -363,6 +497,41 @@ class RawArchiveReader:
                 problem="inconsistent",
             )
         return rows[0]
+
+    def read_rows(self, shard_no: int, row_group: int, rows: list[int]) -> list[RawRecord]:
+        """Rows ``rows`` of one row group stored here: one ranged GET, its SHA-256 checked against
+        the (digest-checked) index before anything is decoded."""
+        index = self._member_index()
+        if not 0 <= shard_no < len(self.manifest.shards) or not 0 <= row_group < len(index.spans[shard_no]):
+            key = self.key_of(self.manifest.index.key)
+            raise IntegrityError(
+                f"{key}: no row group {shard_no}/{row_group} in this archive", key=key, problem="inconsistent"
+            )
+        shard = self.manifest.shards[shard_no]
+        span = index.spans[shard_no][row_group]
+        shard_key = self.key_of(shard.key)
+        try:
+            data = self.store.get_range(shard_key, span.offset, span.offset + span.length)
+        except ObjectNotFoundError:
+            raise _missing(shard_key, f"shard {shard_no}") from None
+        check_bytes(shard_key, data, span.length, span.sha256, f"row group {row_group} of shard {shard_no}")
+        pf = pq.ParquetFile(
+            _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(shard_no)
+        )
+        try:
+            table = pf.read_row_group(row_group, use_threads=False)
+        except (pa.ArrowException, OSError) as exc:
+            raise IntegrityError(
+                f"{shard_key}: row group {row_group} cannot be decoded: {exc}",
+                key=shard_key,
+                problem="invalid",
+            ) from None
+        if any(not 0 <= r < table.num_rows for r in rows):
+            raise IntegrityError(
+                f"{shard_key}: row group {row_group} has no row {rows}", key=shard_key, problem="inconsistent"
+            )
+        table = table.take(pa.array(rows, pa.int64())) if rows != list(range(table.num_rows)) else table
+        return list(_raw_rows(table, shard_key))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r}, {self.prefix!r})"

@@ -23,6 +23,7 @@ Why it looks like this (measured in docs/benchmarks.md, ``peer_store.py``):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import uuid
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +57,8 @@ from ._shards import ShardRotation, streams_natively
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
-    from ._manifest import ComponentManifest, ManifestRef
+    from ._manifest import ComponentManifest, ManifestRef, ReferencesEntry
+    from ._references import Reference
 
 __all__ = ["ArchiveWriter", "streams_natively"]
 
@@ -134,6 +136,8 @@ class ArchiveWriter:
         self._manifest_ref: ManifestRef | None = None
         self._aborted = False
         self._created_at = utc_now_iso()
+        self._refer: tuple[list[tuple[str, ManifestRef]], list[Reference]] | None = None
+        self._references_entry: ReferencesEntry | None = None
 
     # -- public state -----------------------------------------------------------------------
     @property
@@ -409,6 +413,15 @@ class ArchiveWriter:
         self._duplicates_checked = True
 
     # -- committing -------------------------------------------------------------------------
+    def refer(self, bases: Sequence[tuple[str, ManifestRef]], references: Sequence[Reference]) -> None:
+        """Make this a version-2 archive that lists ``references`` (members stored in the archives
+        ``bases``: (prefix, pinned manifest) each; ``Reference.base`` is a position in it) besides
+        what it stores. Call before :meth:`commit`; the caller keeps the two sets disjoint (the
+        reader rejects an identity that is both stored and referenced)."""
+        if self._sealed:
+            raise ArchiveStateError(f"{self.prefix}: refer() after commit started")
+        self._refer = (list(bases), list(references))
+
     def commit(self, extra: Mapping[str, JsonValue] | None = None) -> ComponentManifest:
         """Upload the last shard and the index, then create ``manifest.json`` (create-only).
 
@@ -438,8 +451,10 @@ class ArchiveWriter:
         self._shards.shutdown()
         self._check_duplicates()
         # pydantic (the manifest models) is imported only now: streaming the shards never needs it
-        from ._manifest import IndexEntry, ManifestRef, build_component_manifest
+        from ._manifest import BaseEntry, IndexEntry, ManifestRef, build_component_manifest
 
+        if self._refer is not None and self._references_entry is None:
+            self._references_entry = self._write_references(*self._refer)
         if self._candidate is None or self._candidate[0] != extra_dict:
             size, digest, rows = self._index_entry
             self._candidate = (
@@ -454,6 +469,10 @@ class ArchiveWriter:
                     index=IndexEntry(key=index_name(self.writer_id), bytes=size, sha256=digest, rows=rows),
                     record_counts=self._record_counts,
                     extra=extra_dict,
+                    bases=None
+                    if self._refer is None
+                    else [BaseEntry(prefix=p, manifest=ref) for p, ref in self._refer[0]],
+                    references=self._references_entry,
                 ),
             )
         _, manifest, data = self._candidate
@@ -470,6 +489,27 @@ class ArchiveWriter:
         self._shards.meta = []
         self._valid_ids = set()
         return manifest
+
+    def _write_references(
+        self, bases: list[tuple[str, ManifestRef]], rows: list[Reference]
+    ) -> ReferencesEntry:
+        """Upload the reference table (a unique name, like the index) and describe it."""
+        from ._manifest import ReferencesEntry
+        from ._references import reference_table_bytes, references_name
+
+        data = reference_table_bytes(rows, self.zstd_level)
+        name = references_name(self.writer_id)
+        self.store.put(join_key(self.prefix, name), data)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r.kind] = counts.get(r.kind, 0) + 1
+        return ReferencesEntry(
+            key=name,
+            bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            rows=len(rows),
+            counts=dict(sorted(counts.items())),
+        )
 
     def abort(self) -> None:
         """Drop buffered data; no manifest is written (uploaded shards become garbage)."""

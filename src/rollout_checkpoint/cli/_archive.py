@@ -57,6 +57,8 @@ Verifier = Callable[[ObjectStore, Sequence[ObjectInfo]], Iterable[Finding]]
 def _component_keys(reader: ArchiveReader) -> set[str]:
     keys = {reader.key_of(MANIFEST_NAME), reader.key_of(reader.manifest.index.key)}
     keys.update(reader.key_of(s.key) for s in reader.manifest.shards)
+    if reader.manifest.references is not None:  # format 2: the reference table
+        keys.add(reader.key_of(reader.manifest.references.key))
     return keys
 
 

@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanKind
 
 from ..errors import DeadlineExceededError
 from ..protocol import PREPARE_ORDER, ParticipantControl
+from ..protocol._increments import BaseCatalog
 from ..reader import TokenSnapshotLoader
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore, open_store
@@ -80,6 +81,9 @@ class CoordinatorCore:
         self.cleanup_grace_s = cleanup_grace_s
         self.call_retries = call_retries
         self.writer_options = dict(writer_options or {})
+        # format 2: the registry component refers to its unchanged members of the last published
+        # checkpoint (``enabled = False``: every checkpoint writes the whole registry, format 1)
+        self.registry_catalog = BaseCatalog()
         self.coordinator_id = coordinator_id or uuid.uuid4().hex
         self._names = [participant_name(p) for p in self.participants]
         if len(set(self._names)) != len(self._names):

@@ -75,7 +75,9 @@ class Publisher(CoordinatorCore):
         # 4. the framework's own component: the live-execution registry
         with steps.step("registry"):
             self._check_deadline(cid, deadline, "registry")
-            _, registry_ref = registry.write_component(hooked, cid, **self.writer_options)
+            _, registry_ref = registry.write_component(
+                hooked, cid, catalog=self.registry_catalog, **self.writer_options
+            )
             self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
             components.append(
                 self._validate_ref(cid, REGISTRY_KIND, REGISTRY_INSTANCE, "framework", None, registry_ref)
@@ -193,7 +195,12 @@ class Publisher(CoordinatorCore):
         manifest = reader.manifest
         if (manifest.checkpoint_id, manifest.participant_kind, manifest.instance) != (cid, kind, instance):
             raise IntegrityError(f"{ref.key}: manifest names another component", key=ref.key)
-        reader.verify()
+        problems = reader.check_stored()  # the objects this archive wrote: shards and index
+        if problems:
+            raise problems[0]
+        # format 2: the reference table and every base manifest it points into, pinned (the bases
+        # themselves were checked when their own checkpoint was published)
+        reader.open_bases()
         return ComponentRef(
             kind=kind,
             instance=instance,

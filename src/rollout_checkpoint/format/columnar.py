@@ -52,6 +52,8 @@ class RecordBatch:
     payloads: tuple[bytes, ...]
     revisions: tuple[int | None, ...] | None = None
     refs: tuple[Mapping[str, Any] | None, ...] | None = None
+    schema_version: int = 1
+    """The record schema of every payload of the batch (stored in each shard row)."""
 
     def __post_init__(self) -> None:
         if self.kind not in RECORD_TYPES:
@@ -74,6 +76,7 @@ class RecordBatch:
             self.payloads,
             revisions=self.revisions,
             refs=self.refs,
+            schema_version=self.schema_version,
         )
 
     def records(self) -> Iterator[Record]:

@@ -23,6 +23,10 @@ __all__ = [
     "RECORD_SCHEMA_VERSION",
     "RECORD_TYPES",
     "AgentBoundaryRecord",
+    "NEWEST_RECORD_SCHEMA_VERSION",
+    "OutputChunkRecord",
+    "OutputChunkRef",
+    "chunk_key",
     "CompletedResultRecord",
     "DispatchRecord",
     "DispatchState",
@@ -36,6 +40,10 @@ __all__ = [
 ]
 
 RECORD_SCHEMA_VERSION = 1
+"""The schema version every record kind is written with, except a chunked agent boundary."""
+NEWEST_RECORD_SCHEMA_VERSION = 2
+"""The newest record schema a reader accepts: 2 is the agent boundary whose ``output_items``
+live in ``output_chunk`` members (format version 2)."""
 
 LEGACY_RESOURCES_INSTANCE = "legacy-unscoped"
 """The instance a pre-instance boundary's resource revisions are read under (no participant has it)."""
@@ -47,6 +55,7 @@ RecordKind = Literal[
     "token_receipt",
     "completed_result",
     "dispatch",
+    "output_chunk",
 ]
 
 
@@ -56,6 +65,7 @@ class Record(TypedModel, abc.ABC):
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
     kind: ClassVar[str]
+    newest_schema_version: ClassVar[int] = RECORD_SCHEMA_VERSION
     schema_version: int = Field(default=RECORD_SCHEMA_VERSION, ge=1)
     rollout_id: Identifier
     attempt: int = Field(ge=0)
@@ -64,7 +74,7 @@ class Record(TypedModel, abc.ABC):
     @classmethod
     def _refuse_newer_schema(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            refuse_newer_schema(cls.__name__, data.get("schema_version"), RECORD_SCHEMA_VERSION)
+            refuse_newer_schema(cls.__name__, data.get("schema_version"), cls.newest_schema_version)
         return data
 
     @property
@@ -93,6 +103,17 @@ class Record(TypedModel, abc.ABC):
         return None
 
 
+class OutputChunkRef(TypedModel):
+    """One chunk an agent boundary (schema 2) lists: the ``output_chunk`` member's key, how many
+    items it holds, and the SHA-256 of its payload bytes as stored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(pattern=r"^[0-9]{8}-[0-9]{8}$")
+    items: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class AgentBoundaryRecord(Record):
     """An agent's state after a completed, non-terminal turn: enough to continue from it.
 
@@ -105,6 +126,7 @@ class AgentBoundaryRecord(Record):
     """
 
     kind: ClassVar[str] = "agent_boundary"
+    newest_schema_version: ClassVar[int] = NEWEST_RECORD_SCHEMA_VERSION
     boundary_index: int = Field(ge=0)
     turn_index: int = Field(ge=0)
     last_model_call_id: Identifier | None = None
@@ -114,6 +136,24 @@ class AgentBoundaryRecord(Record):
     usage: dict[str, int] = Field(default_factory=dict)
     cookies: dict[str, str] = Field(default_factory=dict)
     agent_state: bytes | None = None
+    output_chunks: list[OutputChunkRef] | None = None
+    """Schema 2 only: ``output_items`` is empty and the items are these ``output_chunk``
+    members of the same execution, in order (``chunks.assemble_boundaries`` puts them back)."""
+
+    def to_payload(self) -> bytes:
+        """As every record, but a schema-1 boundary has no ``output_chunks`` key (its bytes are
+        those version-1 writers stored)."""
+        if self.output_chunks is None:
+            return self.model_dump_json(exclude={"output_chunks"}).encode()
+        return self.model_dump_json().encode()
+
+    @model_validator(mode="after")
+    def _chunked_is_schema_2(self) -> AgentBoundaryRecord:
+        if (self.output_chunks is not None) != (self.schema_version == 2):
+            raise ValueError("output_chunks is present exactly in agent_boundary schema_version 2")
+        if self.output_chunks is not None and self.output_items:
+            raise ValueError("a chunked agent_boundary keeps its output_items in its chunks")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -147,6 +187,24 @@ class AgentBoundaryRecord(Record):
             "pending_model_call": self.pending_model_call_id,
             "resources": resources,
         }
+
+
+class OutputChunkRecord(Record):
+    """Items ``[first_item, first_item + len(items))`` of an execution's agent history
+    (``output_items``), written once and referred to by later checkpoints (format version 2)."""
+
+    kind: ClassVar[str] = "output_chunk"
+    first_item: int = Field(ge=0)
+    items: list[JsonValue] = Field(min_length=1)
+
+    @property
+    def record_key(self) -> str:
+        return chunk_key(self.first_item, self.first_item + len(self.items))
+
+
+def chunk_key(first: int, end: int) -> str:
+    """``output_chunk`` member key of items ``[first, end)``."""
+    return f"{first:08d}-{end:08d}"
 
 
 class ResourceSnapshotRecord(Record):
@@ -301,6 +359,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
     cls.kind: cls
     for cls in (
         AgentBoundaryRecord,
+        OutputChunkRecord,
         ResourceSnapshotRecord,
         ModelCallLineageRecord,
         TokenStoreReceipt,

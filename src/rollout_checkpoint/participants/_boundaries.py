@@ -10,16 +10,18 @@ identifier: it needs no JSON escaping).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ..format.chunks import chunk_payload
 from ..format.columnar import RecordBatch, b64, check_ids, encode_docs
-from ..format.records import AgentBoundaryRecord, decode_record
+from ..format.records import AgentBoundaryRecord, OutputChunkRecord, chunk_key, decode_record
 
-__all__ = ["SavedBoundary", "boundary_batch"]
+__all__ = ["Chunk", "SavedBoundary", "boundary_batch", "chunked_batches", "seal_chunks"]
 
 
 def _doc(record: AgentBoundaryRecord, pending: str | None) -> dict[str, Any]:
@@ -52,17 +54,35 @@ class SavedBoundary:
     payload: bytes
     pending: str | None
     refs: Mapping[str, Any]
+    items: tuple[bytes, ...] = ()
+    """Each output item encoded on its own (format 2 writes them in chunks); the items equal to
+    the previous boundary's are the very same bytes objects."""
+    head: bytes = b""
+    """The schema-2 payload up to ``"output_chunks":`` (the chunk list and ``}`` follow)."""
 
     @classmethod
-    def of(cls, record: AgentBoundaryRecord) -> SavedBoundary:
+    def of(cls, record: AgentBoundaryRecord, previous: SavedBoundary | None = None) -> SavedBoundary:
         pending = record.pending_model_call_id
+        doc = _doc(record, pending)
+        payload = encode_docs([doc])[0]
+        items = encode_docs([{"i": item} for item in record.output_items])  # orjson, as above
+        encoded = tuple(b[5:-1] for b in items)  # strip '{"i":' and '}'
+        if previous is not None:  # share the bytes of the unchanged prefix with the previous one
+            old = previous.items
+            encoded = tuple(
+                old[i] if i < len(old) and old[i] == item else item for i, item in enumerate(encoded)
+            )
+        head_doc = {**doc, "schema_version": 2, "output_items": []}
+        head = encode_docs([head_doc])[0][:-1] + b',"output_chunks":'
         return cls(
             rollout_id=record.rollout_id,
             attempt=record.attempt,
             boundary_index=record.boundary_index,
-            payload=encode_docs([_doc(record, pending)])[0],
+            payload=payload,
             pending=pending,
             refs=record.index_refs() or {},  # fresh dicts, held by this object only
+            items=encoded,
+            head=head,
         )
 
     def record(self) -> AgentBoundaryRecord:
@@ -78,6 +98,18 @@ class SavedBoundary:
         if self.pending is None:
             return b'{"pending_model_call_id":' + orjson.dumps(call_id) + b"," + self.payload[1:]
         return encode_docs([_doc(self.record(), call_id)])[0]
+
+    def chunked_payload(self, chunks: Sequence[Chunk], call_id: str | None) -> bytes:
+        """The schema-2 payload listing ``chunks`` (with ``pending_model_call_id`` = ``call_id``)."""
+        listed = orjson.dumps([{"key": c.key, "items": c.end - c.first, "sha256": c.sha256} for c in chunks])
+        payload = self.head + listed + b"}"
+        if call_id is None or call_id == self.pending:
+            return payload
+        if self.pending is None:
+            return b'{"pending_model_call_id":' + orjson.dumps(call_id) + b"," + payload[1:]
+        doc = orjson.loads(payload)
+        doc["pending_model_call_id"] = call_id
+        return encode_docs([doc])[0]
 
     def refs_awaiting(self, call_id: str | None) -> Mapping[str, Any]:
         """``index_refs()`` of the record :meth:`payload_awaiting` encodes."""
@@ -99,3 +131,57 @@ def boundary_batch(parked: Sequence[tuple[SavedBoundary, str | None]]) -> Record
         revisions=tuple(b.boundary_index for b, _ in parked),
         refs=tuple(b.refs_awaiting(a) for b, a in parked),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Items ``[first, end)`` of a run's history as one ``output_chunk`` payload (immutable)."""
+
+    first: int
+    end: int
+    payload: bytes
+    sha256: str
+
+    @property
+    def key(self) -> str:
+        return chunk_key(self.first, self.end)
+
+
+def seal_chunks(saved: SavedBoundary, chunks: tuple[Chunk, ...], max_chunks: int) -> tuple[Chunk, ...]:
+    """``chunks`` (which hold a prefix of ``saved.items``) plus one chunk of the items after them;
+    the whole history as one chunk once there would be more than ``max_chunks``."""
+    n = len(saved.items)
+    done = chunks[-1].end if chunks else 0
+    if n == done:
+        return chunks
+    if len(chunks) + 1 > max_chunks:
+        chunks, done = (), 0
+    payload = chunk_payload(saved.rollout_id, saved.attempt, done, saved.items[done:])
+    return (*chunks, Chunk(done, n, payload, hashlib.sha256(payload).hexdigest()))
+
+
+def chunked_batches(
+    parked: Sequence[tuple[SavedBoundary, str | None, tuple[Chunk, ...], bytes]],
+) -> list[RecordBatch]:
+    """Format 2: the schema-2 ``agent_boundary`` members of ``(boundary, awaited call, chunks,
+    payload)`` and the ``output_chunk`` members they list."""
+    check_ids((a for _, a, _, _ in parked if a is not None), "pending_model_call_id")
+    boundaries = RecordBatch(
+        kind=AgentBoundaryRecord.kind,
+        rollout_ids=tuple(b.rollout_id for b, _, _, _ in parked),
+        attempts=tuple(b.attempt for b, _, _, _ in parked),
+        keys=tuple(f"{b.boundary_index:08d}" for b, _, _, _ in parked),
+        payloads=tuple(p for _, _, _, p in parked),
+        revisions=tuple(b.boundary_index for b, _, _, _ in parked),
+        refs=tuple(b.refs_awaiting(a) for b, a, _, _ in parked),
+        schema_version=2,
+    )
+    pieces = [(b, c) for b, _, chunks, _ in parked for c in chunks]
+    chunk_batch = RecordBatch(
+        kind=OutputChunkRecord.kind,
+        rollout_ids=tuple(b.rollout_id for b, _ in pieces),
+        attempts=tuple(b.attempt for b, _ in pieces),
+        keys=tuple(c.key for _, c in pieces),
+        payloads=tuple(c.payload for _, c in pieces),
+    )
+    return [boundaries, chunk_batch]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
+from ..format.chunks import DEFAULT_MAX_CHUNKS
 from ..format.records import AgentBoundaryRecord, Record
 from ..ids import ExecutionId, validate_id
 from ..protocol import (
@@ -28,7 +29,7 @@ from ..protocol import (
     scope_test,
     wrong_kind,
 )
-from ._boundaries import SavedBoundary, boundary_batch
+from ._boundaries import Chunk, SavedBoundary, boundary_batch, chunked_batches, seal_chunks
 
 __all__ = ["AgentMode", "AgentParticipant"]
 
@@ -43,6 +44,8 @@ class _AgentRun:
     restart_only: bool = False  # this run cannot continue: reported as a restart, never exported
     awaiting: str | None = None  # the model call the run is parked on (first since its boundary)
     calls_since_boundary: int = 0
+    chunks: tuple[Chunk, ...] = ()  # format 2: sealed chunks of a prefix of saved.items
+    chunked: tuple[SavedBoundary, tuple[Chunk, ...], str | None, bytes] | None = None  # last payload
 
     @property
     def boundary(self) -> AgentBoundaryRecord | None:
@@ -186,7 +189,9 @@ class AgentParticipant(Participant):
             raise InvalidRecordError(
                 f"{execution}: pending_model_call_id is set by the agent participant, not reported"
             )
-        saved = SavedBoundary.of(record)  # encoded once, here, not inside a checkpoint's pause
+        known = self._runs.get(execution)  # only to share unchanged item bytes; checked below
+        # encoded once, here, not inside a checkpoint's pause
+        saved = SavedBoundary.of(record, None if known is None else known.saved)
         with self._cond:
             self._require_live(execution)
             run = self._run(execution)
@@ -197,6 +202,11 @@ class AgentParticipant(Participant):
                     f"{execution}: boundary_index {record.boundary_index} does not advance past "
                     f"{run.saved.boundary_index}"
                 )
+            if run.chunks and (
+                run.saved is None
+                or saved.items[: run.chunks[-1].end] != run.saved.items[: run.chunks[-1].end]
+            ):
+                run.chunks = ()  # the history was rewritten, not extended: chunk it afresh
             run.saved = saved
             run.running = False
             run.calls_since_boundary = 0
@@ -271,9 +281,36 @@ class AgentParticipant(Participant):
             (e for e, run in runs.items() if not run.restart_only and run.saved is not None and in_scope(e)),
             key=execution_key,
         )
+        if self.incremental_commits:
+            batches = chunked_batches([self._chunked(runs[e]) for e in executions])
+            return Export(
+                records=RecordBatches(batches), executions=executions, restarts=self._restarts(scope)
+            )
         parked = [(runs[e].saved, runs[e].awaiting) for e in executions]
         batch = boundary_batch(cast(list[tuple[SavedBoundary, str | None]], parked))
         return Export(records=RecordBatches([batch]), executions=executions, restarts=self._restarts(scope))
+
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+    """Format 2: a boundary lists at most this many ``output_chunk`` members (then one)."""
+
+    def _chunked(self, run: _AgentRun) -> tuple[SavedBoundary, str | None, tuple[Chunk, ...], bytes]:
+        """The run's boundary in format 2: its history's chunks sealed up to now (only the new
+        items are encoded) and its schema-2 payload (the same bytes object while nothing changed,
+        so the commit refers to the earlier copy without comparing bytes)."""
+        saved = run.saved
+        assert saved is not None
+        run.chunks = seal_chunks(saved, run.chunks, self.max_chunks)
+        cached = run.chunked
+        if (
+            cached is not None
+            and cached[0] is saved
+            and cached[1] is run.chunks
+            and cached[2] == run.awaiting
+        ):
+            return saved, run.awaiting, run.chunks, cached[3]
+        payload = saved.chunked_payload(run.chunks, run.awaiting)
+        run.chunked = (saved, run.chunks, run.awaiting, payload)
+        return saved, run.awaiting, run.chunks, payload
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         if records and self.mode == "restart_only":

@@ -32,6 +32,7 @@ from ..telemetry import Attr, Measured, Span, bound, instruments, operation, par
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
 from ._hooks import BLOCKERS_REPORTED, Export, ExportRecords, Readiness, execution_key
+from ._increments import BaseCatalog
 from ._lease import check_deadline
 from ._types import CommitReply, Phase, Publication, RestoreReply, UnsafeEffect
 
@@ -287,7 +288,20 @@ class CommitRestore(AdmissionGate, abc.ABC):
                 lock=self._write_lock(checkpoint_id, generation),
                 check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
                 written=partial(_count, writing, "write", self.kind),
+                catalog=self._base_catalog(),
             )
+
+    incremental_commits: bool = True
+    """Write format version 2: members unchanged since the last published checkpoint are referred
+    to, not written again (``False``: every commit writes every member, format version 1)."""
+
+    def _base_catalog(self) -> BaseCatalog:
+        """The component's last committed archive (created on first use; commits are serialized)."""
+        catalog: BaseCatalog | None = getattr(self, "_catalog", None)
+        if catalog is None:
+            catalog = self._catalog = BaseCatalog()
+        catalog.enabled = self.incremental_commits
+        return catalog
 
     def _restore(
         self,

@@ -16,11 +16,13 @@ from pydantic import JsonValue
 
 from ..errors import InvalidRecordError, ManifestConflictError, ObjectExistsError
 from ..format import layout
+from ..format.chunks import assemble_boundaries
 from ..format.fencing import AttemptFence
-from ..format.records import Record
+from ..format.records import Record, decode_record
 from ..ids import ExecutionId
 from ..store import ObjectStore, open_store
-from ._hooks import ExportRecords, RecordBatches, execution_key
+from ._hooks import ExportRecords, RecordBatch, execution_key
+from ._increments import BaseCatalog, IncrementalPlan, split_export
 
 __all__ = [
     "SourceComponent",
@@ -46,6 +48,7 @@ def write_component(
     lock: threading.Condition,
     check_active: Callable[[], None],
     written: Callable[[int, int], None] | None = None,
+    catalog: BaseCatalog | None = None,
 ) -> ManifestTriple:
     """Write the records, then the manifest last, deciding the manifest write under ``lock``.
 
@@ -54,7 +57,9 @@ def write_component(
     manifest, ever) or after it. :class:`RecordBatches` go through the archive's columnar path
     (``ArchiveWriter.write_columns``: one check per batch, payloads stored as encoded), record
     models one by one through ``ArchiveWriter.write``. ``written(records, bytes)`` is told
-    what the archive holds once its manifest exists (telemetry).
+    what the archive holds once its manifest exists (telemetry). With a ``catalog`` of the
+    component's last published archive, unchanged members are referred to instead of written
+    (format version 2), and the catalog then describes the archive written here.
     """
     from ..archive import ArchiveWriter
 
@@ -66,15 +71,15 @@ def write_component(
     writer = ArchiveWriter(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=kind, instance=instance
     )
+    plan = catalog.plan(target) if catalog is not None else IncrementalPlan(None)
     try:
-        if isinstance(records, RecordBatches):
-            for batch in records.batches:
-                check_active()
-                batch.write_to(writer)
-        else:
-            for record in records:
-                check_active()
-                writer.write(record)
+        for item in split_export(plan, records):
+            check_active()
+            if isinstance(item, RecordBatch):
+                item.write_to(writer)
+            else:
+                writer.write(item)
+        plan.apply(writer)
     except BaseException:
         writer.abort()  # no manifest: the uploaded shards stay unreferenced garbage
         raise
@@ -86,10 +91,14 @@ def write_component(
             adopted = adopt_manifest(target, prefix, checkpoint_id, kind, instance, extra)
             if adopted is None:
                 raise
+            if catalog is not None:
+                catalog.forget()  # not our archive's rows: the next commit writes everything
             return adopted
         ref = writer.manifest_ref
         if written is not None:
             written(sum(manifest.record_counts.values()), archive_bytes(manifest) + ref.bytes)
+        if catalog is not None:
+            catalog.committed(target, prefix, checkpoint_id, plan)
         return (ref.key, ref.sha256, ref.bytes)
 
 
@@ -168,9 +177,10 @@ def read_component(
     committed = parse_executions(extra.get("executions", []), "executions")
     restarts = parse_executions(extra.get("restarts", []), "restarts")
     wanted = {e for e in committed if in_scope(e)}
-    records: list[Record] = []
-    for record in reader.iter_records():
+    records: list[tuple[Record, bytes]] = []
+    for raw in reader.iter_raw():  # format 2: referenced members too, each row group checked
         check_active()
+        record = decode_record(raw.kind, raw.payload)
         execution = record.execution
         if not in_scope(execution):
             continue
@@ -181,13 +191,17 @@ def read_component(
             )
         if tombstones.is_retired(execution):
             raise InvalidRecordError(f"{prefix}: {execution} is committed but also tombstoned")
-        records.append(record)
+        records.append((record, raw.payload))
     if scope is None and len(records) != indexed:
         raise InvalidRecordError(f"{prefix}: read {len(records)} records, the index lists {indexed}")
+    try:
+        assembled = assemble_boundaries(records)  # format 2: histories back from their chunks
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(f"{prefix}: {exc.message}") from None
     fenced = sorted(wanted | {e for e in restarts if in_scope(e)}, key=execution_key)
     return SourceComponent(
         prefix=prefix,
-        records=records,
+        records=assembled,
         fenced=fenced,
         tombstones=tombstones,
         bytes=archive_bytes(manifest) + reader.manifest_ref.bytes,

@@ -30,6 +30,7 @@ from ..errors import (
     StoreError,
 )
 from ..format import layout
+from ..format.chunks import component_records
 from ..format.commit_log import (
     PublishedCheckpoint,
     iter_candidates,
@@ -41,6 +42,7 @@ from ..format.commit_log import (
 )
 from ..format.manifests import ComponentRef
 from ..format.record_reader import ArchiveReader
+from ..format.records import OutputChunkRecord
 from ..ids import validate_id
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND
 from ..store import ObjectStore, open_store
@@ -265,6 +267,7 @@ def _open_component(store: ObjectStore, cid: str, ref: ComponentRef) -> ArchiveR
             ref.instance,
         ):
             raise reject(cid, f"component {ref.kind}/{ref.instance}: manifest names another component")
+        reader.open_bases()  # format 2: the reference table and every base manifest, pinned
     except CheckpointRejectedError:
         raise
     except CheckpointError as exc:
@@ -282,6 +285,8 @@ def _verify_plan(plan: RecoveryPlan, token_snapshot_loader: TokenSnapshotLoader 
     for (kind, instance), reader in plan.readers.items():
         try:
             reader.verify()
+            if _chunked(reader):
+                component_records(reader)  # format 2: every boundary's chunks listed, intact, in order
         except CheckpointError as exc:
             if _store_failure(exc):
                 raise
@@ -293,6 +298,9 @@ def _verify_plan(plan: RecoveryPlan, token_snapshot_loader: TokenSnapshotLoader 
         manifest = reader.manifest
         objects += len(manifest.shards) + 2
         total += manifest.total_bytes + reader.manifest_ref.bytes
+        if manifest.references is not None:
+            objects += 1 + len(manifest.bases or [])
+            total += manifest.references.bytes
     receipt = plan.record.token_snapshot
     if receipt is not None and token_snapshot_loader is None:
         # The reference token store: check the token rows themselves, not only the snapshot
@@ -320,6 +328,16 @@ def _verify_plan(plan: RecoveryPlan, token_snapshot_loader: TokenSnapshotLoader 
                     plan.checkpoint_id, f"token-store data failed verification: {exc.message}", code=exc.code
                 ) from exc
     return VerifyReport(plan.checkpoint_id, len(plan.readers), objects, total, plan.counts())
+
+
+def _chunked(reader: ArchiveReader) -> bool:
+    """Whether the component holds ``output_chunk`` members (stored or referenced)."""
+    manifest = reader.manifest
+    stored = manifest.record_counts.get(OutputChunkRecord.kind, 0)
+    referenced = (
+        0 if manifest.references is None else manifest.references.counts.get(OutputChunkRecord.kind, 0)
+    )
+    return bool(stored or referenced)
 
 
 def verify_checkpoint(

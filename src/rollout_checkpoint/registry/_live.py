@@ -26,6 +26,7 @@ from ..store import ObjectStore
 
 if TYPE_CHECKING:
     from ..archive import ComponentManifest, ManifestRef
+    from ..protocol._increments import BaseCatalog
 from ._entries import (
     _LIVE,
     REGISTRY_INSTANCE,
@@ -222,16 +223,23 @@ class LiveExecutionRegistry:
 
     # -- persistence -------------------------------------------------------------------------------
     def write_component(
-        self, store: ObjectStore, checkpoint_id: str, **writer_options: Any
+        self,
+        store: ObjectStore,
+        checkpoint_id: str,
+        *,
+        catalog: BaseCatalog | None = None,
+        **writer_options: Any,
     ) -> tuple[ComponentManifest, ManifestRef]:
         """Write the registry as the ``framework/registry`` component archive of ``checkpoint_id``.
 
         One ``dispatch`` member per entry and one ``completed_result`` member per retained
         result, as two columnar batches (``ArchiveWriter.write_columns``): payloads are orjson
         of the record models' JSON shape, built in bulk from the entries (validated when they
-        were made); :func:`records.decode_record` reads them back as the record models.
+        were made); :func:`records.decode_record` reads them back as the record models. With a
+        ``catalog`` (format 2) members unchanged since its published archive are referred to.
         """
         from ..archive import ArchiveWriter
+        from ..protocol._increments import IncrementalPlan
 
         with self._lock:  # the entries go on changing: their columns are taken under the lock
             entries = [e for _, e in sorted(self._entries.items())]
@@ -248,9 +256,13 @@ class LiveExecutionRegistry:
             instance=REGISTRY_INSTANCE,
             **writer_options,
         )
+        plan = catalog.plan(store) if catalog is not None else IncrementalPlan(None)
         try:
             for batch in batches:
-                batch.write_to(writer)
+                part = plan.split_batch(batch)
+                if part is not None:
+                    part.write_to(writer)
+            plan.apply(writer)
             extra: dict[str, JsonValue] = {
                 "retired": dict(retired.items()),
                 "counts": dict(counts.items()),
@@ -260,6 +272,8 @@ class LiveExecutionRegistry:
             with contextlib.suppress(Exception):
                 writer.abort()
             raise
+        if catalog is not None:
+            catalog.committed(store, writer.prefix, checkpoint_id, plan)
         return manifest, writer.manifest_ref
 
     def snapshot(self) -> LiveExecutionRegistry:

@@ -37,6 +37,7 @@ from ..format import layout
 from ..format.commit_log import claimed_sequences, list_published, read_claim, read_pointer_hint
 from ..format.manifests import canonical_json
 from ..store import ObjectStore, open_store
+from ._reachability import referenced_prefixes, under_protected
 
 __all__ = ["DEFAULT_MIN_AGE_S", "LEDGER_SCHEMA_VERSION", "GcReport", "collect_garbage"]
 
@@ -64,6 +65,9 @@ class GcReport:
     deleted_claims: list[int] = field(default_factory=list)
     leftovers_waiting: dict[str, float] = field(default_factory=dict)
     token_shards_waiting: dict[str, float] = field(default_factory=dict)
+    referenced_prefixes: list[str] = field(default_factory=list)
+    """Component archives of deleted checkpoints kept because a retained archive refers into
+    them (format 2); they go once nothing retained names them."""
     dry_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -77,6 +81,7 @@ class GcReport:
             "deleted_claims": self.deleted_claims,
             "leftovers_waiting": self.leftovers_waiting,
             "token_shards_waiting": self.token_shards_waiting,
+            "referenced_prefixes": self.referenced_prefixes,
             "dry_run": self.dry_run,
         }
 
@@ -192,7 +197,14 @@ def collect_garbage(
 
     def delete_checkpoint(checkpoint_id: str) -> None:
         prefix = layout.checkpoint_prefix(checkpoint_id)
-        delete([info.key for info in store.list(prefix + "/")])
+        keys = [info.key for info in store.list(prefix + "/")]
+        kept = [k for k in keys if protected is None or under_protected(k, protected)]
+        delete([k for k in keys if k not in set(kept)])
+        if kept:
+            report.referenced_prefixes.extend(
+                sorted({p for p in protected or () if p.startswith(prefix + "/")})
+                or [prefix]  # nothing could be read: everything stays
+            )
         if checkpoint_id in snapshots:
             delete([snapshots[checkpoint_id]])
             report.deleted_token_snapshots.append(checkpoint_id)
@@ -209,6 +221,14 @@ def collect_garbage(
         keep_ids.add(pointer.checkpoint_id)
     keep_ids.update(p.checkpoint_id for p in published if p.record is None)  # never guess
     report.kept = [p.checkpoint_id for p in published if p.checkpoint_id in keep_ids]
+    # format 2: archives a retained (or possibly in-flight: a leftover not yet due) archive
+    # refers into stay, whatever checkpoint they belong to; ``None`` (a manifest unreadable)
+    # keeps every checkpoint object this run
+    unpublished_ids = _checkpoint_ids(store) - {p.checkpoint_id for p in published}
+    seen_before = _read_ledger(store).first_seen
+    at = now()
+    waiting_ids = {c for c in unpublished_ids if at - seen_before.get(c, at) < min_age_s}
+    protected = referenced_prefixes(store, keep_ids | waiting_ids)
     for item in readable:
         if item.checkpoint_id in keep_ids:
             continue
