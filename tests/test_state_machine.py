@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from _reference_world import RealWorld
-from rollout_checkpoint.coordinator import RestoreFailedError
 from rollout_checkpoint.archive import find_component_prefixes, parse_component_manifest
+from rollout_checkpoint.coordinator import RestoreFailedError
 from rollout_checkpoint.errors import (
     CheckpointError,
     CheckpointNotFoundError,
