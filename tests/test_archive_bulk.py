@@ -288,8 +288,16 @@ def test_the_write_path_imports_no_pydantic_parquet_module_or_compute_kernels(tm
     """Imports count in the writer's peak memory (issue 9): streaming a batch loads neither the
     record models (pydantic), nor ``pyarrow.parquet`` (and with it pyarrow's S3/GCS/Azure
     bindings), nor Arrow's compute kernels; commit then loads the manifest models only."""
+    # pyarrow itself imports pandas (and with it Arrow's compute kernels) on its first Python
+    # conversion whenever pandas is installed, as it is beside NeMo Gym; hide pandas so the check
+    # is about what the SDK's write path loads, whatever else the environment holds.
     code = (
         "import sys\n"
+        "class NoPandas:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pandas':\n"
+        "            raise ImportError('pandas hidden by the test')\n"
+        "sys.meta_path.insert(0, NoPandas())\n"
         "from rollout_checkpoint.archive import ArchiveWriter\n"
         "from rollout_checkpoint.store import LocalStore\n"
         f"w = ArchiveWriter(LocalStore({str(tmp_path)!r}), 'p', checkpoint_id='c', "
