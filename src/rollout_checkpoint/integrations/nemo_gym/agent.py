@@ -96,7 +96,7 @@ class CheckpointedGymnasiumAgent(GymnasiumAgent):
         app = super().setup_webserver()
         participant = AgentParticipant(str(self.config.name))
         start_paused_if_asked(participant)
-        self._rc_participant = participant  # pydantic private attributes are declared lazily
+        self._rc_participant = participant  # kept outside pydantic's fields (see __setattr__)
         install_error_handlers(app)
         token = os.environ.get("ROLLOUT_CHECKPOINT_TOKEN")
         if not token:

@@ -7,6 +7,7 @@ Used by ``examples/nemo_gym_blackjack.py`` and the integration tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -32,6 +33,32 @@ AGENT_NAME = "blackjack_agent"
 _NAMES = {"model": MODEL_NAME, "resources": RESOURCES_NAME, "agent": AGENT_NAME}
 _LAUNCH = "rollout_checkpoint.integrations.nemo_gym.launch"
 _READY_S = 90.0
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``proc`` leads (started with its own session) and wait, bounded,
+    until no live member is left."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(0.1)
+        if not _group_members(proc.pid):
+            return
 
 
 def free_port() -> int:
@@ -184,9 +211,7 @@ class GymDeployment:
 
     def kill(self, role: str) -> None:
         """SIGKILL the server (its whole process group: a worker group's workers too)."""
-        proc = self.procs[role]
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        _end_group(self.procs[role])
 
     def restart(self, role: str) -> None:
         """Start a replacement that admits nothing until it is restored (or resumed)."""
@@ -194,18 +219,16 @@ class GymDeployment:
         self.wait_ready(role)
 
     def stop(self) -> None:
+        """SIGTERM every server's process group, then SIGKILL what is left of each group (a
+        worker group's workers may outlive their main process for a moment)."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            _end_group(proc)
 
     # -- control ------------------------------------------------------------------------------------
     def remote(self, role: str) -> RemoteParticipant:
