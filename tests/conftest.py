@@ -44,6 +44,16 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, timeout: fl
     raise RuntimeError("moto_server did not start listening in time")
 
 
+@pytest.fixture(autouse=True)
+def _drop_finished_spans() -> Iterator[None]:
+    """Once a test installed the OpenTelemetry SDK (``tests/_telemetry.py``, one per process),
+    every later span lands in its in-memory exporter: drop them after each test."""
+    yield
+    installed = sys.modules.get("_telemetry")
+    if installed is not None and installed.telemetry.cache_info().currsize:
+        installed.telemetry().spans.clear()
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """URL of a moto S3 server on 127.0.0.1: the one .ci/run started, or one started here."""

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from ..errors import CheckpointConflictError, StaleCheckpointError
 from ..format.fencing import AttemptFence
 from ..ids import ExecutionId, validate_id
+from ..telemetry import log_fields
 from ._idempotency import ReplyCache, ResumedIds
 from ._lease import DEFAULT_LEASE_GRACE_SECONDS, Lease
 from ._publication import Uploads
@@ -168,7 +169,14 @@ class PhaseMachine:
         """Resume: back to idle, admission open, the id fenced, in-flight writes voided."""
         if self._active is not None:
             self._resumed.remember(self._active)
-            log.debug("%s/%s: checkpoint %s ended (%s)", self.kind, self.instance, self._active, reason)
+            log.debug(
+                "%s/%s: checkpoint %s ended (%s)",
+                self.kind,
+                self.instance,
+                self._active,
+                reason,
+                extra=log_fields(self._active, f"{self.kind}/{self.instance}"),
+            )
         self._active = None
         self._phase = Phase.IDLE
         self._generation += 1
@@ -193,6 +201,7 @@ class PhaseMachine:
                 self.kind,
                 self.instance,
                 self._active,
+                extra=log_fields(self._active, f"{self.kind}/{self.instance}"),
             )
             if self._phase is Phase.FROZEN:  # the coordinator vanished: nobody will collect it
                 self._uploads.cancel(self._active)

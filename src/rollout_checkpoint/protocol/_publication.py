@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..errors import CheckpointError, DeadlineExceededError, StaleCheckpointError
+from ..telemetry import log_fields
 from ._types import CommitReply, PublicationFailedError, PublicationUnknownError
 
 __all__ = ["UPLOADS_KEPT", "Upload", "Uploads"]
@@ -118,7 +119,13 @@ class Uploads:
                 upload.reply = work(upload)
             except BaseException as exc:
                 upload.error = exc
-                log.warning("%s: upload of %s failed: %s", self._name, checkpoint_id, exc)
+                log.warning(
+                    "%s: upload of %s failed: %s",
+                    self._name,
+                    checkpoint_id,
+                    exc,
+                    extra=log_fields(checkpoint_id, self._name, getattr(exc, "code", None)),
+                )
             finally:
                 with self._lock:
                     upload.done.set()
