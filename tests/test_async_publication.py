@@ -492,7 +492,9 @@ def test_lost_answers_of_every_async_step_are_retried(dep: Deployment) -> None:
     lossy = LossyParticipant(dep.agent, {"prepare", "commit", "resume", "collect"})
     proxy: Any = lossy
     participants: list[ParticipantControl] = [proxy, dep.model, dep.resources]
-    coordinator = Coordinator(dep.store, participants, dep.registry, dep.coordinator.token_source)
+    coordinator = Coordinator(
+        dep.store, participants, dep.registry, dep.coordinator.token_source, run_id="test-run"
+    )
     outcome = coordinator.checkpoint(publication="async")
     assert outcome.clean and lossy.calls == {"prepare": 2, "commit": 2, "resume": 2, "collect": 2}
     prefix = layout.component_prefix(outcome.checkpoint_id, "agent", "agent-0")
@@ -512,7 +514,7 @@ def test_a_participant_without_async_support_is_refused_before_anything(dep: Dep
             return getattr(self.inner, name)
 
     proxy: Any = SyncOnly(dep.agent)
-    coordinator = Coordinator(dep.store, [proxy, dep.model], dep.registry)
+    coordinator = Coordinator(dep.store, [proxy, dep.model], dep.registry, run_id="test-run")
     with pytest.raises(ValueError, match="collect"):
         coordinator.checkpoint_async()
     assert dep.all_open() and published_ids(dep.store) == []

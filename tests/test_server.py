@@ -372,7 +372,7 @@ def _http_deployment(store: LocalStore, dep: Deployment) -> Iterator[Coordinator
         for participant in dep.participants:
             url = stack.enter_context(served(control_app(participant, token=TOKEN, store=store)))
             remotes.append(stack.enter_context(RemoteParticipant(url, token=TOKEN)))
-        yield Coordinator(store, remotes, dep.registry, dep.coordinator.token_source)
+        yield Coordinator(store, remotes, dep.registry, dep.coordinator.token_source, run_id="test-run")
 
 
 def test_coordinator_checkpoints_and_restores_over_http(tmp_path: Path) -> None:
@@ -421,7 +421,7 @@ def test_a_stage_of_two_is_prepared_concurrently(tmp_path: Path) -> None:
             )
             for p in (a, b)
         ]
-        coordinator = Coordinator(store, remotes, registry)
+        coordinator = Coordinator(store, remotes, registry, run_id="test-run")
         waiter = threading.Thread(target=release_a_when_b_closes, daemon=True)
         waiter.start()
         outcome = coordinator.checkpoint("ck-1", deadline_s=20)

@@ -278,6 +278,7 @@ def run_cluster_demo(
         "restore": False,
         "fresh": False,
         "accept_unsafe_store": accept_unsafe_store,
+        "run_id": f"demo-{uuid.uuid4().hex[:12]}",  # every coordinator process of this run
     }
     write_json(config, settings)
     announced = {"killed": 0, "restarted": 0}
