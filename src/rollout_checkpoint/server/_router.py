@@ -39,6 +39,7 @@ from ..protocol import (
     ResumeReply,
 )
 from ..store import ObjectStore, open_store
+from ._token_rules import check_server_token
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
     INTERNAL_ERROR,
@@ -108,12 +109,16 @@ class _TokenCheck:
     """Constant-time bearer check. Holds the token privately; its repr never shows it."""
 
     def __init__(self, token: str) -> None:
-        if not isinstance(token, str) or not token.strip():
-            raise ValueError("the control token must be a non-empty string")
-        self._token = token.encode("utf-8")
+        self._token = check_server_token(token).encode("ascii")
 
     def __repr__(self) -> str:
         return "_TokenCheck(<redacted>)"
+
+    def request_ok(self, request: Request) -> bool:
+        """Exactly one ``Authorization`` header, a bearer token that matches (two headers, even
+        one right and one wrong, are refused: proxies disagree on which one wins)."""
+        headers = request.headers.getlist("authorization")
+        return len(headers) == 1 and self.header_ok(headers[0])
 
     def header_ok(self, authorization: str | None) -> bool:
         scheme, _, credentials = (authorization or "").partition(" ")
@@ -139,7 +144,7 @@ def _route_class(check: _TokenCheck) -> type[APIRoute]:
             handler = super().get_route_handler()
 
             async def guarded(request: Request) -> Response:
-                if not check.header_ok(request.headers.get("authorization")):
+                if not check.request_ok(request):
                     return _unauthorized()
                 try:
                     return await handler(request)

@@ -42,6 +42,7 @@ from ..tokens import ObjectStoreTokenStore
 from ._client import RemoteParticipant
 from ._router import _route_class, _TokenCheck, checkpoint_router, install_participant
 from ._routing import OwnerSigner, Resolver, StampOwner, WorkerFrontend
+from ._token_rules import check_server_token
 from ._tokens import token_store_app
 from ._wire import CHECKPOINT_ROUTE_PREFIX
 from ._workers import WorkerGroup
@@ -197,7 +198,10 @@ def run_server(
     """Serve until interrupted (SIGINT/SIGTERM). See the module docstring.
 
     Raises :class:`~rollout_checkpoint.errors.ConditionalWriteUnsupportedError` before listening
-    when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false."""
+    when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false, and
+    :class:`~rollout_checkpoint.errors.InvalidValueError` for a token that is not printable ASCII
+    or shorter than 16 characters (``MIN_TOKEN_LENGTH``)."""
+    check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
@@ -249,6 +253,7 @@ def run_token_server(
     """Serve the reference token store (``rollout-checkpoint serve tokens``). Its shards are
     immutable and uniquely named on the object store, so worker processes need no group. The
     store is checked as :func:`run_server` checks it."""
+    check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
