@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..errors import InvalidIdentifierError, InvalidRecordError, refuse_newer_schema
+from ..errors import InvalidIdentifierError, InvalidRecordError, InvalidValueError, refuse_newer_schema
 from ..ids import Identifier, validate_key
 from ._schema import utc_now_iso
 
@@ -137,9 +137,16 @@ class ManifestRef(_Model):
 def manifest_to_bytes(manifest: ComponentManifest) -> bytes:
     """Canonical bytes (sorted keys, compact, UTF-8): equal manifests give equal bytes, so a
     retried create-only put of the same manifest is recognised as idempotent."""
-    return json.dumps(
-        manifest.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode()
+    try:
+        return json.dumps(
+            manifest.model_dump(mode="json"),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        ).encode()
+    except ValueError as exc:  # NaN or Infinity somewhere in ``extra``: not JSON
+        raise InvalidValueError(f"component manifest is not canonical JSON: {exc}") from None
 
 
 def build_component_manifest(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
-from ..errors import DeadlineExceededError
+from ..errors import DeadlineExceededError, InvalidArgumentError
 from ..format.commit_log import iter_candidates
 from ..format.ownership import OwnerEpoch, check_epoch, take_epoch
 from ..ids import validate_id
@@ -82,10 +82,10 @@ class CoordinatorCore:
         self._epoch: OwnerEpoch | None = None
         self._names = [participant_name(p) for p in self.participants]
         if len(set(self._names)) != len(self._names):
-            raise ValueError(f"participants must be unique by kind/instance: {self._names}")
+            raise InvalidArgumentError(f"participants must be unique by kind/instance: {self._names}")
         unknown = [n for n in self._names if n.split("/", 1)[0] not in PREPARE_ORDER]
         if unknown:
-            raise ValueError(f"participants of unknown kind: {unknown}")
+            raise InvalidArgumentError(f"participants of unknown kind: {unknown}")
         # Held by a cycle until its publication ends (an asynchronous one releases it from its
         # background thread), so a checkpoint or restore waits for the previous publication.
         self._cycle = threading.Lock()

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, m
 from ..errors import (
     IntegrityError,
     InvalidRecordError,
+    InvalidValueError,
     UnsupportedSchemaError,
     refuse_newer_schema,
 )
@@ -61,8 +62,15 @@ claim; version 1 records are still read)."""
 
 
 def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the bytes every digest in the protocol is taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Sorted keys, no whitespace, UTF-8: the bytes every digest in the protocol is taken over.
+
+    NaN and the infinities are not JSON (RFC 8259): ``invalid_value``, never written."""
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode()
+    except ValueError as exc:
+        raise InvalidValueError(f"not canonical JSON: {exc} (NaN and Infinity are not JSON)") from None
 
 
 def new_commit_token() -> str:

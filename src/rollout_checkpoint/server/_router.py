@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CheckpointError
 from ..protocol import (
@@ -293,13 +294,27 @@ def checkpoint_router(
 
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every :class:`CheckpointError` an app's own routes raise (a stale attempt, closed
-    admission, an unknown session) in the control plane's error shape and statuses."""
+    admission, an unknown session, a bad execution id) and every request FastAPI refuses (422
+    ``invalid_request``) in the control plane's error shape and statuses, never a 500."""
 
     async def handler(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, CheckpointError)
         return error_response(status_for(exc), exc.code, exc.message)
 
+    async def invalid(request: Request, exc: Exception) -> Response:
+        # a path, query or body value outside what the route declares: the same error shape
+        assert isinstance(exc, RequestValidationError)
+        return error_response(422, INVALID_REQUEST, _describe(exc))
+
+    async def http(request: Request, exc: Exception) -> Response:
+        # Starlette's own answers (no such route, wrong method) in the same shape, with a code
+        assert isinstance(exc, StarletteHTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+
     app.add_exception_handler(CheckpointError, handler)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http)
 
 
 def install_participant(
