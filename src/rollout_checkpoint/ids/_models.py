@@ -67,4 +67,3 @@ class ExecutionId(BaseModel):
 # only a direct ``ExecutionId(...)`` call goes through the ``__init__`` above.
 ExecutionId.__pydantic_custom_init__ = False
 ExecutionId.model_rebuild(force=True)
-
