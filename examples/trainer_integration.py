@@ -31,6 +31,8 @@ from rollout_checkpoint import (
     open_store,
 )
 
+RUN_ID = "trainer-run-1"  # your run's name: the same in every process of this run
+
 
 @dataclass
 class Deployment:
@@ -49,7 +51,9 @@ class Deployment:
         model = PolicyModelParticipant(tokens, "policy-0")
         resources = ResourcesParticipant("resources-0", mode="exported")
         registry = LiveExecutionRegistry()
-        coordinator = Coordinator(store, [agent, model, resources], registry, tokens)
+        # the trainer's run: a replacement coordinator of the same run takes the store over (the
+        # next owner epoch); a coordinator of another run is refused (``store_owned``)
+        coordinator = Coordinator(store, [agent, model, resources], registry, tokens, run_id=RUN_ID)
         return cls(agent, model, resources, registry, coordinator)
 
     def close(self) -> None:

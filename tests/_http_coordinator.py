@@ -23,7 +23,7 @@ def main() -> None:
         if step == kill_step:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    Coordinator(store, remotes, LiveExecutionRegistry(), fault_hook=hook).checkpoint(
+    Coordinator(store, remotes, LiveExecutionRegistry(), fault_hook=hook, run_id="test-run").checkpoint(
         checkpoint_id, deadline_s=60
     )
 

@@ -156,6 +156,7 @@ class Deployment:
             token_source,
             fault_hook=fault_hook,
             token_snapshot_loader=token_snapshot_loader,
+            run_id="test-run",  # every coordinator a test builds on one store is the same run
         )
 
     def close(self) -> None:

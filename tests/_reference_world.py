@@ -39,7 +39,10 @@ class RealWorld:
         self.resources = ResourcesParticipant("res-0", mode="exported")
         self.participants: list[Participant] = [self.agent, self.model, self.resources]
         self.registry = LiveExecutionRegistry()
-        self.coordinator = Coordinator(store, self.participants, self.registry, self.tokens)
+        # one run: every world on a store is that run's next coordinator (it takes the next epoch)
+        self.coordinator = Coordinator(
+            store, self.participants, self.registry, self.tokens, run_id="test-run"
+        )
         for participant in self.participants:  # format 2 (incremental) or format 1 (full)
             participant.incremental_commits = incremental
         if not incremental:

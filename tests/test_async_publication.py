@@ -492,7 +492,9 @@ def test_lost_answers_of_every_async_step_are_retried(dep: Deployment) -> None:
     lossy = LossyParticipant(dep.agent, {"prepare", "commit", "resume", "collect"})
     proxy: Any = lossy
     participants: list[ParticipantControl] = [proxy, dep.model, dep.resources]
-    coordinator = Coordinator(dep.store, participants, dep.registry, dep.coordinator.token_source)
+    coordinator = Coordinator(
+        dep.store, participants, dep.registry, dep.coordinator.token_source, run_id="test-run"
+    )
     outcome = coordinator.checkpoint(publication="async")
     assert outcome.clean and lossy.calls == {"prepare": 2, "commit": 2, "resume": 2, "collect": 2}
     prefix = layout.component_prefix(outcome.checkpoint_id, "agent", "agent-0")
@@ -512,7 +514,7 @@ def test_a_participant_without_async_support_is_refused_before_anything(dep: Dep
             return getattr(self.inner, name)
 
     proxy: Any = SyncOnly(dep.agent)
-    coordinator = Coordinator(dep.store, [proxy, dep.model], dep.registry)
+    coordinator = Coordinator(dep.store, [proxy, dep.model], dep.registry, run_id="test-run")
     with pytest.raises(ValueError, match="collect"):
         coordinator.checkpoint_async()
     assert dep.all_open() and published_ids(dep.store) == []
@@ -531,9 +533,9 @@ def test_the_wire_freezes_collects_and_refuses_with_stable_codes() -> None:
     store = memory_store("async")
     agent = SlowAgent()
     agent.release.set()
-    auth = {"Authorization": "Bearer tok-wire"}
-    with served(control_app(agent, token="tok-wire", store=store)) as url:
-        remote = RemoteParticipant(url, token="tok-wire")
+    auth = {"Authorization": "Bearer tok-wire-0123456789"}
+    with served(control_app(agent, token="tok-wire-0123456789", store=store)) as url:
+        remote = RemoteParticipant(url, token="tok-wire-0123456789")
         deadline = time.time() + 60
         body: dict[str, Any] = {"checkpoint_id": "ck-w", "deadline_ts": deadline, "publication": "later"}
         bad = httpx.post(f"{url}{CHECKPOINT_ROUTE_PREFIX}/commit", json=body, headers=auth)
@@ -577,8 +579,8 @@ def test_a_sync_only_participant_behind_the_router_refuses_async() -> None:
 
     agent = _agent_with_record()
     proxy: Any = SyncOnly(agent)
-    with served(control_app(proxy, token="tok-wire", store=memory_store("async"))) as url:
-        auth = {"Authorization": "Bearer tok-wire"}
+    with served(control_app(proxy, token="tok-wire-0123456789", store=memory_store("async"))) as url:
+        auth = {"Authorization": "Bearer tok-wire-0123456789"}
         body = {"checkpoint_id": "ck-s", "deadline_ts": time.time() + 60}
         refused = httpx.post(f"{url}{CHECKPOINT_ROUTE_PREFIX}/collect", json=body, headers=auth)
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "unsupported_operation"

@@ -104,7 +104,7 @@ def _setup(url: str) -> tuple[Coordinator, RemoteParticipant, ScriptedParticipan
                 )
             )
     remote = RemoteParticipant(url, token=TOKEN)
-    return Coordinator(url_store(url), [agent, remote], registry), remote, agent
+    return Coordinator(url_store(url), [agent, remote], registry, run_id="test-run"), remote, agent
 
 
 _STORES: dict[str, LocalStore] = {}

@@ -251,5 +251,7 @@ def test_verify_a_file_instead_of_a_directory(runner: CliRunner, tmp_path: Path)
     path = tmp_path / "latest.json"
     path.write_text("{}")
     result = runner.invoke(app, ["verify", str(path)])
-    assert result.exit_code == 1 and "no such directory" in result.stderr and "store_error" in result.stderr
+    assert (
+        result.exit_code == 1 and "is a file, not a store" in result.stderr and "store_error" in result.stderr
+    )
     assert path.read_text() == "{}"

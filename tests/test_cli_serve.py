@@ -134,3 +134,24 @@ def test_serve_a_build_function_with_two_workers(tmp_path: Path) -> None:
     finally:
         err = _stop(proc)
     assert TOKEN not in err
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        ("_bad_build:returns_a_dict", "must return rollout_checkpoint.server.ServedApp"),
+        ("_bad_build:NOT_A_FUNCTION", "not a function"),
+    ],
+)
+def test_a_build_of_the_wrong_type_is_one_line(tmp_path: Path, build: str, expected: str) -> None:
+    """Issue 18, item 10."""
+    result = subprocess.run(
+        [CLI, "serve", build, "--store", str(tmp_path / "s"), "--port", str(_free_port())],
+        env={**os.environ, "PYTHONPATH": str(HERE), "ROLLOUT_CHECKPOINT_TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -39,6 +39,7 @@ from rollout_checkpoint.errors import (
     ManifestConflictError,
     StaleAttemptError,
     StaleCheckpointError,
+    StaleCoordinatorError,
 )
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.protocol import ParticipantControl, Phase
@@ -75,13 +76,13 @@ def test_unsafe_store_is_refused_unless_accepted() -> None:
     store = FsspecStore(fsspec.filesystem("memory"), f"/unsafe-{uuid.uuid4().hex}", "memory://unsafe")
     registry = LiveExecutionRegistry()
     with pytest.raises(ConditionalWriteUnsupportedError):
-        Coordinator(store, [], registry).checkpoint()
-    assert Coordinator(store, [], registry, accept_unsafe_store=True).checkpoint().clean
+        Coordinator(store, [], registry, run_id="test-run").checkpoint()
+    assert Coordinator(store, [], registry, accept_unsafe_store=True, run_id="test-run").checkpoint().clean
 
 
 def test_duplicate_participants_are_refused(dep: Deployment) -> None:
     with pytest.raises(ValueError, match="unique"):
-        Coordinator(dep.store, [dep.agent, dep.agent], dep.registry)
+        Coordinator(dep.store, [dep.agent, dep.agent], dep.registry, run_id="test-run")
 
 
 # -- fault injection at every step, in-process ---------------------------------------------------
@@ -204,7 +205,9 @@ def test_lost_acknowledgements_are_retried(dep: Deployment) -> None:
     lossy = LossyParticipant(dep.agent, {"prepare", "commit", "resume"})
     proxy: Any = lossy
     participants: list[ParticipantControl] = [proxy, dep.model, dep.resources]
-    coordinator = Coordinator(dep.store, participants, dep.registry, dep.coordinator.token_source)
+    coordinator = Coordinator(
+        dep.store, participants, dep.registry, dep.coordinator.token_source, run_id="test-run"
+    )
     outcome = coordinator.checkpoint()
     assert outcome.clean and lossy.calls == {"prepare": 2, "commit": 2, "resume": 2}
     # the repeated commit did not export twice: one manifest, one index, one shard
@@ -327,11 +330,21 @@ def test_two_coordinators_publishing_one_id(backend: str, request: pytest.Fixtur
     for t in threads:
         t.join()
     winners = [i for i, r in enumerate(results) if not isinstance(r, CheckpointError)]
-    assert len(winners) == 1, results
-    loser = results[1 - winners[0]]
-    assert isinstance(
-        loser, ManifestConflictError | StaleCheckpointError | InvalidRecordError | IntegrityError
-    )
+    # the second coordinator of the run takes the next owner epoch, which fences the first at its
+    # publication (stale_coordinator); the id race may fell the second as well: at most one wins
+    assert len(winners) <= 1, results
+    for loser in (r for r in results if isinstance(r, CheckpointError)):
+        assert isinstance(
+            loser,
+            ManifestConflictError
+            | StaleCheckpointError
+            | InvalidRecordError
+            | IntegrityError
+            | StaleCoordinatorError,
+        ), loser
+    if not winners:
+        assert all(d.all_open() for d in deployments)
+        return
     plan = load_checkpoint(store, "ck-race")
     assert set(plan.rollouts) == {f"only-{winners[0]}", "done"}
     verify_checkpoint(store, "ck-race")

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,34 @@ def test_demo_command_kills_the_coordinator_on_a_store_that_needs_accept_unsafe_
     assert summary["matches_uninterrupted"] and summary["checkpoints_published"] >= 2
     assert summary["pause_ms_p50"] > 0 and summary["pause_ms_max"] >= summary["pause_ms_p50"]
     assert list_published(LocalStore(tmp_path / "store"))  # the dir:: store is that directory
+
+
+def test_a_second_run_counts_its_own_checkpoints_and_leaves_no_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18, D5 and item 11: two runs into one store (the second takes it over); each counts
+    only the checkpoints it published; no rc-workers-* folder of a server (the killed one never
+    cleaned up after itself) is left in the temporary directory."""
+    scratch = Path(tempfile.mkdtemp(prefix="rc-t-"))  # short: Unix socket paths live below it
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr("tempfile.tempdir", None)  # re-read TMPDIR
+    store = LocalStore(tmp_path / "store")
+    reports = []
+    for i in range(2):
+        report, _ = run_cluster_demo(
+            store,
+            rollouts=6,
+            turns=4,
+            seed=3,
+            checkpoint_every=0.5,
+            timeout=300,
+            kill="agent",
+            workdir=tmp_path / f"work{i}",
+        )
+        assert report.checkpoints_published > 0
+        reports.append(report)
+    total = len(list_published(store))
+    assert reports[0].checkpoints_published + reports[1].checkpoints_published == total
+    left = sorted(p.name for p in scratch.iterdir())
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert left == []

@@ -130,7 +130,7 @@ def coordinator(
     store: LocalStore, urls: dict[str, str], registry: LiveExecutionRegistry, **kw: Any
 ) -> Coordinator:
     remotes = [RemoteParticipant(urls[kind], token=TOKEN) for kind in ("agent", "model", "resources")]
-    return Coordinator(store, remotes, registry, ObjectStoreTokenStore(store), **kw)
+    return Coordinator(store, remotes, registry, ObjectStoreTokenStore(store), **kw, run_id="test-run")
 
 
 def test_an_episode_finishing_during_prepare_is_neither_lost_nor_redone(

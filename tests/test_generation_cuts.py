@@ -154,7 +154,9 @@ class World:
             delivery=delivery,  # type: ignore[arg-type]
         )
         self.registry = LiveExecutionRegistry()
-        self.coordinator = Coordinator(store, [self.agent, self.model], self.registry, self.tokens)
+        self.coordinator = Coordinator(
+            store, [self.agent, self.model], self.registry, self.tokens, run_id="test-run"
+        )
 
     def close(self) -> None:
         self.agent.close()
@@ -331,6 +333,35 @@ def test_a_call_finishing_during_prepare_keeps_its_durable_completion(store: Mem
     assert isinstance(record, ModelCallLineageRecord) and record.cut is not None
     assert record.cut.cut_kind == "terminal_completion" and record.cut.prefix_token_count == 12
     model.resume("ck-1", soon())
+    calls.join()
+    assert calls.results["slow"].token_ids == backend.generate(PROMPT, 12).token_ids
+
+
+def test_a_held_completion_is_acknowledged_by_the_next_round_too(store: MemoryStore) -> None:
+    """A call completed during checkpoint 1 (response held until resume); checkpoint 1 resumes
+    and checkpoint 2 closes admission before the held call's thread runs again: the next round
+    acknowledges the durable completion at once (it used to wait for an acknowledgement that
+    thread would never send, so prepare stayed not ready until its deadline)."""
+    tokens = ObjectStoreTokenStore(store)
+    sink = GatedSink(tokens)
+    backend = FakeGenerationBackend(seed=7)
+    model = PolicyModelParticipant(sink, "policy-0", backend=backend, token_source=tokens)
+    calls = Background()
+    calls.start("slow", lambda: model.generate(ex(), "slow", PROMPT, max_tokens=12))
+    sink.waiting.wait(10)
+    waiter = threading.Thread(target=lambda: model.prepare("ck-1", soon()))
+    waiter.start()
+    wait_for(lambda: model.cut_report() is not None)
+    sink.gate.set()
+    waiter.join(30)
+    with model._cond:  # the held call cannot look at admission between the two operations
+        model.resume("ck-1", soon())
+        report = model.prepare("ck-2", time.time() + 2)
+    assert report.ready, report
+    _, acks = model.cut_report() or (None, None)
+    assert acks is not None and [a.disposition for a in acks.acknowledgements] == ["completed"]
+    assert acks.acknowledgements[0].checkpoint_id == "ck-2"
+    model.resume("ck-2", soon())
     calls.join()
     assert calls.results["slow"].token_ids == backend.generate(PROMPT, 12).token_ids
 
@@ -664,7 +695,7 @@ def test_a_cut_that_cannot_be_staged_is_a_durable_failure_and_regenerates(store:
     agent = AgentParticipant("agent-0")
     model = PolicyModelParticipant(FailingCutSink(tokens), "policy-0", backend=backend, token_source=tokens)
     registry = LiveExecutionRegistry()
-    coordinator = Coordinator(store, [agent, model], registry, tokens)
+    coordinator = Coordinator(store, [agent, model], registry, tokens, run_id="test-run")
     execution = registry.dispatch("r1", input_digest="r1")
     registry.start(execution)
     agent.begin(execution)

@@ -197,3 +197,23 @@ def test_records_are_json_never_pickles() -> None:
                 else []
             )
             assert not {n.split(".")[0] for n in names} & banned, path
+
+
+def test_deliberate_errors_are_checkpoint_errors_with_a_code() -> None:
+    """Issue 18, item 9: a bad execution id and a duplicate participant are typed errors."""
+    from _protocol_fakes import ScriptedParticipant, memory_store
+    from rollout_checkpoint.coordinator import Coordinator
+    from rollout_checkpoint.errors import CheckpointError
+    from rollout_checkpoint.registry import LiveExecutionRegistry
+
+    for data, code in [
+        ({"rollout_id": "a/b", "attempt": 0}, "invalid_id"),
+        ({"rollout_id": "a", "attempt": -1}, "invalid_value"),
+    ]:
+        with pytest.raises(CheckpointError) as info:
+            ExecutionId(**data)
+        assert info.value.code == code
+    agent = ScriptedParticipant("agent", "agent-0")
+    with pytest.raises(CheckpointError) as dup:
+        Coordinator(memory_store("dup"), [agent, agent], LiveExecutionRegistry())
+    assert dup.value.code == "invalid_argument" and "unique" in dup.value.message

@@ -9,10 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from _protocol_fakes import Deployment, memory_store, published_ids
 from rollout_checkpoint.errors import (
     CheckpointNotFoundError,
     IntegrityError,
     InvalidRecordError,
+    InvalidValueError,
     ManifestConflictError,
     UnsupportedSchemaError,
 )
@@ -264,3 +266,17 @@ def test_record_base_is_abstract() -> None:
 
     with pytest.raises(TypeError):
         Record(rollout_id="r", attempt=0)  # type: ignore[abstract]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinity_are_refused_wherever_canonical_json_is_written(bad: float) -> None:
+    """Issue 18, item 8: not JSON, so never written (and a checkpoint carrying one publishes nothing)."""
+    with pytest.raises(InvalidValueError) as info:
+        canonical_json({"x": bad})
+    assert info.value.code == "invalid_value"
+    dep = Deployment(memory_store("nan"))
+    dep.completed("done")
+    with pytest.raises(InvalidValueError):
+        dep.coordinator.checkpoint(framework_state={"x": bad})
+    assert published_ids(dep.store) == [] and dep.all_open()
+    dep.close()

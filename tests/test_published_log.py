@@ -171,6 +171,9 @@ def test_racing_coordinators_both_publish_with_distinct_sequences(target: tuple[
     deployments = [DemoDeployment(store), DemoDeployment(store)]
     for i, dep in enumerate(deployments):
         dep.populate(4, prefix=f"d{i}")
+    # the claims race below owner epochs: both publish under one epoch (two coordinators of one
+    # run that took their epochs one after the other are fenced instead: test_coordinator_fencing)
+    deployments[1].coordinator._epoch = deployments[0].coordinator._own()
     barrier = threading.Barrier(2)
 
     def hook(step: str) -> None:

@@ -206,7 +206,7 @@ def test_revisions_are_matched_in_the_named_resources_instance() -> None:
     left = ResourcesParticipant("left", mode="exported")
     right = ResourcesParticipant("right", mode="exported")
     registry = LiveExecutionRegistry()
-    coordinator = Coordinator(store, [agent, left, right], registry)
+    coordinator = Coordinator(store, [agent, left, right], registry, run_id="test-run")
     for rollout, names in (
         ("same", {"left": {"s": 1}}),
         ("other", {"right": {"s": 1}}),
@@ -243,7 +243,7 @@ def test_restore_and_resume_refuse_without_a_listed_participant(world: RealWorld
 
     model = PolicyModelParticipant(ObjectStoreTokenStore(store), "policy-0")
     registry = LiveExecutionRegistry()
-    partial = Coordinator(store, [agent, model], registry, ObjectStoreTokenStore(store))
+    partial = Coordinator(store, [agent, model], registry, ObjectStoreTokenStore(store), run_id="test-run")
     with pytest.raises(MissingParticipantError) as info:
         partial.restore(restore_id="restore-1")
     assert "resources/res-0" in info.value.message and info.value.code == "missing_participant"

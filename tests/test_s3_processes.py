@@ -139,7 +139,9 @@ def test_a_server_refuses_a_non_atomic_s3_endpoint_unless_the_risk_is_accepted(
             assert time.monotonic() < end, "the server did not start"
             time.sleep(0.1)
         store = open_store(url, endpoint_url=unsafe_endpoint, accept_unsafe_store=True)
-        coordinator = Coordinator(store, [remote], LiveExecutionRegistry(), accept_unsafe_store=True)
+        coordinator = Coordinator(
+            store, [remote], LiveExecutionRegistry(), accept_unsafe_store=True, run_id="test-run"
+        )
         outcome = coordinator.checkpoint("ck-unsafe", deadline_s=120)
         assert outcome.clean
         assert [p.checkpoint_id for p in list_published(store)] == ["ck-unsafe"]

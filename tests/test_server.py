@@ -27,6 +27,7 @@ from rollout_checkpoint.errors import (
     CheckpointConflictError,
     DeadlineExceededError,
     InvalidPhaseError,
+    InvalidValueError,
     StaleCheckpointError,
 )
 from rollout_checkpoint.protocol import Phase
@@ -34,6 +35,7 @@ from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,
+    MIN_TOKEN_LENGTH,
     ParticipantUnreachableError,
     RemoteParticipant,
     UnauthorizedError,
@@ -372,7 +374,7 @@ def _http_deployment(store: LocalStore, dep: Deployment) -> Iterator[Coordinator
         for participant in dep.participants:
             url = stack.enter_context(served(control_app(participant, token=TOKEN, store=store)))
             remotes.append(stack.enter_context(RemoteParticipant(url, token=TOKEN)))
-        yield Coordinator(store, remotes, dep.registry, dep.coordinator.token_source)
+        yield Coordinator(store, remotes, dep.registry, dep.coordinator.token_source, run_id="test-run")
 
 
 def test_coordinator_checkpoints_and_restores_over_http(tmp_path: Path) -> None:
@@ -421,7 +423,7 @@ def test_a_stage_of_two_is_prepared_concurrently(tmp_path: Path) -> None:
             )
             for p in (a, b)
         ]
-        coordinator = Coordinator(store, remotes, registry)
+        coordinator = Coordinator(store, remotes, registry, run_id="test-run")
         waiter = threading.Thread(target=release_a_when_b_closes, daemon=True)
         waiter.start()
         outcome = coordinator.checkpoint("ck-1", deadline_s=20)
@@ -434,3 +436,33 @@ def test_a_stage_of_two_is_prepared_concurrently(tmp_path: Path) -> None:
         assert a.accepting and b.accepting
     a.close()
     b.close()
+
+
+# -- authentication edge cases (issue 18, D3) ------------------------------------------------------
+
+
+def test_two_authorization_headers_are_refused_even_right_then_wrong(
+    one: tuple[ScriptedParticipant, str, LocalStore],
+) -> None:
+    _, url, _ = one
+    headers = [("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer wrong-but-second")]
+    with httpx.Client() as client:
+        response = client.get(f"{url}{CHECKPOINT_ROUTE_PREFIX}/status", headers=headers)
+        assert response.status_code == 401 and response.json()["error"]["code"] == "unauthorized"
+        good = client.get(f"{url}{CHECKPOINT_ROUTE_PREFIX}/status", headers=_auth())
+        assert good.status_code == 200
+
+
+@pytest.mark.parametrize("token", ["tok-\u00e9t\u00e9-0123456789", "short", "x", "with space 0123456789", ""])
+def test_a_server_refuses_a_token_that_is_not_printable_ascii_or_too_short(token: str) -> None:
+    with pytest.raises(InvalidValueError) as info:
+        control_app(ScriptedParticipant("agent", "agent-0"), token=token)
+    assert info.value.code == "invalid_value"
+    assert len("tok-0123456789ab") == MIN_TOKEN_LENGTH
+    control_app(ScriptedParticipant("agent", "agent-0"), token="tok-0123456789ab")
+
+
+def test_a_client_refuses_a_token_it_cannot_send() -> None:
+    with pytest.raises(InvalidValueError) as info:
+        RemoteParticipant("http://127.0.0.1:9", token="tok-\u00e9t\u00e9-0123456789")
+    assert info.value.code == "invalid_value"

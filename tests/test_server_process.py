@@ -58,7 +58,7 @@ def test_a_participant_killed_during_prepare_fails_the_checkpoint_closed(tmp_pat
     proc, url = _start("resources", "res-0", store_dir, "session s1 mid-mutation")
     try:
         remote = RemoteParticipant(url, token=TOKEN, attempts=3)
-        coordinator = Coordinator(store, [agent, remote], LiveExecutionRegistry())
+        coordinator = Coordinator(store, [agent, remote], LiveExecutionRegistry(), run_id="test-run")
         failure: list[BaseException] = []
 
         def run() -> None:
@@ -172,7 +172,9 @@ def test_a_coordinator_killed_between_aggregate_and_global_record_publishes_noth
         assert {r.status().checkpoint_id for r in remotes} == {"ck-dead"}
         for remote in remotes:
             remote.resume("ck-dead", time.time() + 30)
-        outcome = Coordinator(store, remotes, LiveExecutionRegistry()).checkpoint("ck-next", deadline_s=60)
+        outcome = Coordinator(store, remotes, LiveExecutionRegistry(), run_id="test-run").checkpoint(
+            "ck-next", deadline_s=60
+        )
         assert outcome.clean and [p.checkpoint_id for p in list_published(store)] == ["ck-next"]
         with pytest.raises(StaleCheckpointError):  # the dead coordinator's id can never come back
             remotes[0].prepare("ck-dead", time.time() + 30)

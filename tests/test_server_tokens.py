@@ -50,7 +50,7 @@ def test_remote_token_store_puts_durably_and_snapshots_for_the_coordinator(tmp_p
             remote.put(_entry("c1", [1]))  # one call id names one generation
         assert remote.get("r1/a0/c1").generation_token_ids == [7, 8, 9]
         agent = ScriptedParticipant("agent", "agent-0")
-        coordinator = Coordinator(store, [agent], LiveExecutionRegistry(), remote)
+        coordinator = Coordinator(store, [agent], LiveExecutionRegistry(), remote, run_id="test-run")
         outcome = coordinator.checkpoint("ck-t", deadline_s=30)
         snapshot = read_record(store, "ck-t")[0].token_snapshot
         assert snapshot is not None and snapshot["entries"] == 1

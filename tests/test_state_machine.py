@@ -345,7 +345,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             return (
                 [(p.status(), p.fence.snapshot()) for p in world.participants],
                 [(i.execution, i.state) for i in world.registry.executions()],
-                sorted(i.key for i in self.store.list("")),
+                sorted(i.key for i in self.store.list("") if not i.key.startswith("owner/")),
             )
 
         before = state()

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from rollout_checkpoint.cli import app
 from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import (
     CheckpointError,
+    StoreError,
     StorePermissionError,
     StoreUnreachableError,
 )
@@ -208,3 +210,51 @@ def test_invalid_values_are_typed_errors() -> None:
     # the model refuses the value when the call is admitted, before any token is staged
     assert info.value.code == "invalid_argument" and "policy_version" in info.value.message
     model.close()
+
+
+# -- issue 18, items 6 and 7: no traceback for any URL ----------------------------------------------
+
+ODD_URLS = ["zip://nothing", "github://x/y", "ftp://127.0.0.1:9/x", "http://127.0.0.1:9/x", "nosuch://x"]
+
+
+@pytest.mark.parametrize("url", ODD_URLS)
+@pytest.mark.parametrize("command", ["list", "classify", "verify"])
+def test_no_traceback_for_any_url(command: str, url: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "rollout-checkpoint"), command, url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr + result.stdout
+    assert len((result.stdout + result.stderr).strip().splitlines()) == 1, result
+
+
+@pytest.mark.parametrize("url", ["s3:/bucket/x", "file:/x", "s3:bucket", "memory:/m"])
+def test_a_single_slash_scheme_is_refused_not_a_local_folder(url: str, tmp_path: Path) -> None:
+    os.chdir(tmp_path)
+    result = runner.invoke(app, ["list", url])
+    assert result.exit_code == 1 and "needs '://'" in result.output, result.output
+    with pytest.raises(StoreError, match="needs '://'"):
+        open_store(url)
+    assert list(tmp_path.iterdir()) == []  # no folder named 's3:' appeared
+
+
+def test_a_file_is_not_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "afile"
+    path.write_text("x")
+    result = runner.invoke(app, ["list", str(path)])
+    assert result.exit_code == 1 and "is a file, not a store" in result.output
+
+
+def test_verify_notes_a_missing_latest_pointer(tmp_path: Path) -> None:
+    dep = DemoDeployment(LocalStore(tmp_path / "s"))
+    dep.populate(2)
+    dep.checkpoint()
+    dep.close()
+    (tmp_path / "s" / "latest.json").unlink()
+    result = runner.invoke(app, ["verify", str(tmp_path / "s"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "latest.json is missing" in result.output

@@ -216,7 +216,7 @@ def test_sixteen_sessions_across_two_workers_checkpoint_crash_and_all_continue(t
             agent.add(_boundary(rollout_id, revision=3))
         remote = RemoteParticipant(first.url, token=TOKEN)
         assert remote.capabilities().topology == "coordinated_workers"
-        coordinator = Coordinator(store, [agent, remote], registry)
+        coordinator = Coordinator(store, [agent, remote], registry, run_id="test-run")
         outcome = coordinator.checkpoint("ck-w", deadline_s=60)
         assert outcome.clean
         remote.close()
@@ -228,7 +228,7 @@ def test_sixteen_sessions_across_two_workers_checkpoint_crash_and_all_continue(t
     with server(store_dir) as second:
         remote = RemoteParticipant(second.url, token=TOKEN)
         agent = ScriptedParticipant("agent", "agent-0")
-        coordinator = Coordinator(store, [agent, remote], LiveExecutionRegistry())
+        coordinator = Coordinator(store, [agent, remote], LiveExecutionRegistry(), run_id="test-run")
         restored = coordinator.restore("ck-w", restore_id="rs-w")
         assert sorted(e.rollout_id for e in restored.restored["resources/counter-0"]) == rollouts
         coordinator.resume("rs-w")
@@ -272,7 +272,7 @@ def test_a_worker_killed_during_prepare_fails_that_prepare_and_is_survived(tmp_p
         slow = threading.Thread(target=hold, daemon=True)
         slow.start()
         remote = RemoteParticipant(srv.url, token=TOKEN)
-        coordinator = Coordinator(store, [remote], registry)
+        coordinator = Coordinator(store, [remote], registry, run_id="test-run")
         failure: list[BaseException] = []
 
         def checkpoint() -> None:

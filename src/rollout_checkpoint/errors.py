@@ -31,7 +31,9 @@ __all__ = [
     "SequenceTakenError",
     "StaleAttemptError",
     "StaleCheckpointError",
+    "StaleCoordinatorError",
     "StoreError",
+    "StoreOwnedError",
     "StorePermissionError",
     "StoreUnreachableError",
     "StoreUnsupportedError",
@@ -194,6 +196,18 @@ class SequenceTakenError(ManifestConflictError):
     """Another publish already claimed this checkpoint sequence number (claim the next one)."""
 
     code = "sequence_taken"
+
+
+class StoreOwnedError(CheckpointError):
+    """The store belongs to another run's coordinator; take it over explicitly (``takeover``)."""
+
+    code = "store_owned"
+
+
+class StaleCoordinatorError(CheckpointError):
+    """A newer owner epoch took the store over: this coordinator must not publish (it did not)."""
+
+    code = "stale_coordinator"
 
 
 # --- protocol -------------------------------------------------------------------------------

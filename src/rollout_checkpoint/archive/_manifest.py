@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..errors import InvalidIdentifierError, InvalidRecordError, refuse_newer_schema
+from ..errors import InvalidIdentifierError, InvalidRecordError, InvalidValueError, refuse_newer_schema
 from ..ids import Identifier, validate_key
 from ._schema import utc_now_iso
 
@@ -192,7 +192,12 @@ def manifest_to_bytes(manifest: ComponentManifest) -> bytes:
     if manifest.schema_version == 1:
         body.pop("bases", None)
         body.pop("references", None)
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(
+            body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode()
+    except ValueError as exc:  # NaN or Infinity somewhere in ``extra``: not JSON
+        raise InvalidValueError(f"component manifest is not canonical JSON: {exc}") from None
 
 
 def build_component_manifest(

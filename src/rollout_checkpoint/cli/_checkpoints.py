@@ -63,6 +63,8 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
                 "checkpoint_id": item.checkpoint_id,
                 "latest": item.latest,
                 "sequence": record.sequence if record else None,
+                "run_id": record.run_id if record else None,
+                "epoch": record.epoch if record else None,
                 "created_at": record.created_at.isoformat() if record else None,
                 "components": len(record.components) if record else None,
                 "counts": record.counts if record else None,
@@ -82,6 +84,7 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
     table.add_column("", no_wrap=True)
     table.add_column("seq", justify="right", no_wrap=True)
     table.add_column("checkpoint", no_wrap=True)
+    table.add_column("run/epoch", no_wrap=True)
     table.add_column("created (UTC)", no_wrap=True)
     table.add_column("states", overflow="fold", ratio=1)
     for row in rows:
@@ -91,6 +94,7 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
             "*" if row["latest"] else "",
             str(row["sequence"] or "?"),
             row["checkpoint_id"],
+            f"{row['run_id']}/{row['epoch']}" if row["epoch"] else "-",
             created or styled(("unreadable", "red")),
             states or styled((str(row["error"] or "-"), "red")),
         )
@@ -119,7 +123,9 @@ def render_plan(plan: RecoveryPlan, console: Console, limit: int) -> None:
         styled(
             "checkpoint ",
             (plan.checkpoint_id, "bold"),
-            f" (sequence {plan.record.sequence}): {len(plan.rollouts)} dispatched executions; "
+            f" (sequence {plan.record.sequence}"
+            + (f", run {plan.record.run_id} epoch {plan.record.epoch}" if plan.record.epoch else "")
+            + f"): {len(plan.rollouts)} dispatched executions; "
             f"read {plan.bytes_read} bytes ({plan.keys_read} objects) in {plan.seconds:.3f}s, {checked}",
         )
     )
@@ -210,6 +216,13 @@ def verify_latest_pointer(store: ObjectStore, listing: Sequence[ObjectInfo]) -> 
     a failure: readers order by the sequence claims, the pointer is only a hint."""
     keys = {info.key for info in listing}
     if layout.LATEST_KEY not in keys:
+        if any(key.startswith("published/") for key in keys):  # noted, as classify notes it
+            yield Finding(
+                layout.LATEST_KEY,
+                True,
+                f"{layout.LATEST_KEY} is missing: a hint only (readers order by the sequence claims); "
+                "the next checkpoint writes it again",
+            )
         return
     subject = layout.LATEST_KEY
     try:

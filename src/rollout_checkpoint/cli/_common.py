@@ -12,7 +12,7 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from ..errors import CheckpointError, StoreError
-from ..store import ObjectStore, open_store
+from ..store import ObjectStore, open_store, refuse_single_slash_scheme
 
 __all__ = [
     "AcceptUnsafeOpt",
@@ -85,10 +85,13 @@ def open_cli_store(
     url: str, endpoint_url: str | None = None, *, accept_unsafe_store: bool = False
 ) -> ObjectStore:
     """Open ``url`` for a CLI command: ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) applies to S3 only."""
+    refuse_single_slash_scheme(url)
     protocol, sep, rest = url.partition("://")
     if not sep or protocol.lower() in ("file", "local"):
         # a read-only command must not create the directory a mistyped path names
         path = os.path.expanduser(rest if sep else url)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StoreError(f"{url}: is a file, not a store (a store is a directory)", url=url)
         if not os.path.isdir(path):
             raise StoreError(f"{url}: no such directory", url=url)
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")

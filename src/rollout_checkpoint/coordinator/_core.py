@@ -10,12 +10,16 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-from ..errors import DeadlineExceededError
+from ..errors import DeadlineExceededError, InvalidArgumentError
+from ..format.commit_log import iter_candidates
+from ..format.ownership import OwnerEpoch, check_epoch, take_epoch
+from ..ids import validate_id
 from ..protocol import PREPARE_ORDER, ParticipantControl
 from ..protocol._increments import BaseCatalog
 from ..reader import TokenSnapshotLoader
@@ -69,6 +73,8 @@ class CoordinatorCore:
         call_retries: int = 2,
         writer_options: Mapping[str, Any] | None = None,
         coordinator_id: str | None = None,
+        run_id: str | None = None,
+        takeover: bool = False,
     ) -> None:
         self.store = open_store(store)
         self.participants = list(participants)
@@ -85,18 +91,54 @@ class CoordinatorCore:
         # checkpoint (``enabled = False``: every checkpoint writes the whole registry, format 1)
         self.registry_catalog = BaseCatalog()
         self.coordinator_id = coordinator_id or uuid.uuid4().hex
+        self.run_id = validate_id(run_id or f"run-{uuid.uuid4().hex}", "run_id")
+        self.takeover = takeover
+        self._epoch: OwnerEpoch | None = None
         self._names = [participant_name(p) for p in self.participants]
         if len(set(self._names)) != len(self._names):
-            raise ValueError(f"participants must be unique by kind/instance: {self._names}")
+            raise InvalidArgumentError(f"participants must be unique by kind/instance: {self._names}")
         unknown = [n for n in self._names if n.split("/", 1)[0] not in PREPARE_ORDER]
         if unknown:
-            raise ValueError(f"participants of unknown kind: {unknown}")
+            raise InvalidArgumentError(f"participants of unknown kind: {unknown}")
         # Held by a cycle until its publication ends (an asynchronous one releases it from its
         # background thread), so a checkpoint or restore waits for the previous publication.
         self._cycle = threading.Lock()
         self._cancel = threading.Event()
         self._last_sequence = 0
         self._refused: dict[str, tuple[str, list[str]]] = {}  # restore id -> (source, lacking)
+
+    # -- ownership of the store (``format.ownership``) -------------------------------------------
+    @property
+    def epoch(self) -> OwnerEpoch | None:
+        """The owner epoch this coordinator holds (taken by its first checkpoint or restore)."""
+        return self._epoch
+
+    def _own(self) -> OwnerEpoch:
+        """Take an owner epoch once: refused (``store_owned``) when another run owns the store,
+        unless ``takeover``; a replacement of the same run fences its predecessor this way."""
+        if self._epoch is None:
+            newest = next(iter_candidates(self.store), None)
+            if self.fault_hook is not None:
+                self.fault_hook("take_epoch")
+            self._epoch = take_epoch(
+                self.store,
+                run_id=self.run_id,
+                coordinator_id=self.coordinator_id,
+                created_at=datetime.fromtimestamp(self.clock(), tz=UTC),
+                published_through=0 if newest is None or newest.sequence is None else newest.sequence,
+                takeover=self.takeover,
+            )
+            log.info(
+                "coordinator %s owns %s: run %s, epoch %d",
+                self.coordinator_id,
+                self.store.url,
+                self.run_id,
+                self._epoch.epoch,
+            )
+        return self._epoch
+
+    def _check_owner(self, mine: OwnerEpoch) -> None:
+        check_epoch(self.store, mine)
 
     def cancel(self) -> None:
         """Stop the running cycle (or its background publication) at its next step if it has

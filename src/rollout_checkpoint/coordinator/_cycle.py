@@ -80,6 +80,7 @@ class CheckpointCycle(Publisher):
         self.store.require_atomic_commits(accept_risk=self.accept_unsafe_store)
         with self._cycle:
             self._cancel.clear()
+            self._own()
             return self._run_sync(cid, deadline_s, framework_state)
 
     def checkpoint_async(
@@ -103,6 +104,7 @@ class CheckpointCycle(Publisher):
         self._cycle.acquire()
         try:
             self._cancel.clear()
+            self._own()
             handle = self._run_async(cid, deadline_s, framework_state)
         except BaseException:
             self._cycle.release()

@@ -130,7 +130,9 @@ class Publisher(CoordinatorCore):
     ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
         """Claim the next sequence (derived from the published log, never from ``latest.json``)
         and create the record; a sequence another publisher won is retried one later."""
+        owner = self._own()
         for _ in range(_SEQUENCE_ATTEMPTS):
+            self._check_owner(owner)  # a newer epoch took the store over: publish nothing
             newest = next(iter_candidates(self.store), None)
             record = GlobalCheckpointRecord(
                 checkpoint_id=cid,
@@ -144,9 +146,12 @@ class Publisher(CoordinatorCore):
                 token_snapshot=receipt,
                 framework_state=framework_state,
                 counts=registry.counts(),
+                run_id=owner.run_id,
+                epoch=owner.epoch,
             ).sealed()
             try:
-                return record, publish_record(self.store, record)
+                # the last ownership check runs between the claim and the record
+                return record, publish_record(self.store, record, partial(self._check_owner, owner))
             except SequenceTakenError:
                 log.info(
                     "checkpoint %s: sequence %d taken by another publisher",

@@ -52,7 +52,11 @@ class RestoreOperations(CheckpointCycle):
         ``fallback`` uses the newest checkpoint that loads (verifies) when the requested one is
         damaged (``outcome.plan.skipped`` says what was passed over).
         """
+        self.store.require_atomic_commits(accept_risk=self.accept_unsafe_store)
         with self._cycle, operation(Span.coordinator("restore")) as restoring:
+            # the epoch first: a record a fenced coordinator still lands after it is passed over;
+            # and a fenced coordinator restores nothing either
+            self._check_owner(self._own())
             plan = load_checkpoint(
                 self.store,
                 checkpoint_id,

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -105,6 +106,12 @@ class _Cluster:
             f"{_ENV_PREFIX}MODEL_URL": self.urls["model"],
             f"{_ENV_PREFIX}RESOURCES_URLS": json.dumps({e: self.urls[e] for e in self.envs}),
         }
+        # every child's temporary folders (a server's rc-workers-* socket folder) live under the
+        # run's own scratch folder: a SIGKILLed server never cleans up, so the parent does, and
+        # a replacement server finds its predecessor's leftovers where the parent removes them
+        # (a folder of its own in the system temp directory: Unix socket paths must stay short)
+        self.scratch = Path(tempfile.mkdtemp(prefix="rc-demo-"))
+        self.env["TMPDIR"] = str(self.scratch)
         self.workers = workers
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.token = token
@@ -250,6 +257,7 @@ def run_cluster_demo(
     _preflight(store, accept_unsafe_store=accept_unsafe_store)
     say = progress or (lambda _line: None)
     report = DemoReport(rollouts=rollouts, turns=turns, seed=seed)
+    own_workdir = workdir is None
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="rollout-checkpoint-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -278,6 +286,7 @@ def run_cluster_demo(
         "restore": False,
         "fresh": False,
         "accept_unsafe_store": accept_unsafe_store,
+        "run_id": f"demo-{uuid.uuid4().hex[:12]}",  # every coordinator process of this run
     }
     write_json(config, settings)
     announced = {"killed": 0, "restarted": 0}
@@ -316,8 +325,9 @@ def run_cluster_demo(
             write_json(control, announced)
             cluster.kill(victim)
             extra["killed"].append(victim)
-            published = len(list_published(store))
-            say(f"{next(step)}. SIGKILLed the {victim} process ({published} checkpoints published so far)")
+            published = len(read_json(state_path).get("checkpoints", []))
+            plural = "checkpoint" if published == 1 else "checkpoints"
+            say(f"{next(step)}. SIGKILLed the {victim} process ({published} {plural} published so far)")
             if victim == "coordinator":
                 settings["restore"] = True  # the replacement starts from this run's latest checkpoint
                 write_json(config, settings)
@@ -357,6 +367,7 @@ def run_cluster_demo(
         extra["pids_end"] = cluster.pids()
     finally:
         cluster.kill_all()
+        shutil.rmtree(cluster.scratch, ignore_errors=True)
     state = read_json(state_path)
     extra["full_restart_reasons"] = state.get("full_restart_reasons", [])
     extra["checkpoint_failures"] = state.get("checkpoint_failures", [])
@@ -364,7 +375,9 @@ def run_cluster_demo(
     results: dict[str, Any] = state.get("results", {})
     pauses = [float(p) for p in state.get("pauses_ms", [])]
     restores = state.get("restores", [])
-    report.checkpoints_published = len(list_published(store))
+    # only this run's: the store may hold an earlier run's checkpoints
+    published_ids = {p.checkpoint_id for p in list_published(store)}
+    report.checkpoints_published = len(published_ids & set(state.get("checkpoints", [])))
     report.checkpoint_ids = list(state.get("checkpoints", []))
     if restores:
         report.restore_id = restores[-1]["restore_id"]
@@ -385,7 +398,8 @@ def run_cluster_demo(
     report.pause_ms_max = report.pause_ms
     report.pause_ms_p50 = round(statistics.median(pauses), 3) if pauses else 0.0
     extra["restore_refused"] = state.get("restore_refused")
-    say(f"{next(step)}. {report.completed}/{rollouts} results, {len(pauses)} checkpoints")
+    plural = "checkpoint" if len(pauses) == 1 else "checkpoints"
+    say(f"{next(step)}. {report.completed}/{rollouts} results, {len(pauses)} {plural}")
     expected = _uninterrupted(specs, seed, token_delay, timeout)
     final = {k: {"summary": v["summary"], "reward": v["reward"]} for k, v in results.items()}
     report.mismatched = sorted(
@@ -396,4 +410,7 @@ def run_cluster_demo(
         f"{next(step)}. same seed uninterrupted (in-process): final environment states and rewards "
         + ("match" if report.matches_uninterrupted else "DIFFER for " + ", ".join(report.mismatched))
     )
+    if own_workdir and report.ok:
+        shutil.rmtree(workdir, ignore_errors=True)  # logs are kept only when something went wrong
+        extra["workdir"] = None
     return report, extra

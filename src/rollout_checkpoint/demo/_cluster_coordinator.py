@@ -118,6 +118,10 @@ class _CoordinatorProcess:
             self.registry,
             self.tokens,
             accept_unsafe_store=bool(self.config.get("accept_unsafe_store")),
+            # a replacement coordinator process is the same run: it takes the next epoch, which
+            # fences the one it replaces; the demo takes its store over explicitly
+            run_id=str(self.config.get("run_id") or "demo"),
+            takeover=True,
         )
 
     # -- state and the supervisor's announcements ---------------------------------------------------

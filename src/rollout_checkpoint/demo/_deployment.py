@@ -22,7 +22,9 @@ class DemoDeployment:
     """In-process participants of each kind (agent, policy model, resources) with a registry,
     a reference token store and a coordinator, all on one store."""
 
-    def __init__(self, store: str | ObjectStore, *, accept_unsafe_store: bool = False) -> None:
+    def __init__(
+        self, store: str | ObjectStore, *, accept_unsafe_store: bool = False, run_id: str = "demo-deployment"
+    ) -> None:
         self.store = open_store(store)
         self.tokens = ObjectStoreTokenStore(self.store)
         # group commit: concurrent stagings share one shard, and each receipt waits for it
@@ -32,8 +34,15 @@ class DemoDeployment:
         self.resources = ResourcesParticipant("resources-0", mode="exported")
         self.participants = [self.agent, self.model, self.resources]
         self.registry = LiveExecutionRegistry()
+        # a demo deployment takes its store over explicitly (an earlier run may own it)
         self.coordinator = Coordinator(
-            self.store, self.participants, self.registry, self.tokens, accept_unsafe_store=accept_unsafe_store
+            self.store,
+            self.participants,
+            self.registry,
+            self.tokens,
+            accept_unsafe_store=accept_unsafe_store,
+            run_id=run_id,
+            takeover=True,
         )
 
     def close(self) -> None:

@@ -177,6 +177,8 @@ def run_demo(
     say = progress or (lambda _line: None)
     report = DemoReport(rollouts=rollouts, turns=turns, seed=seed)
 
+    run_id = f"demo-{uuid.uuid4().hex[:12]}"
+
     def world(target: ObjectStore, **kwargs: Any) -> DemoWorld:
         return DemoWorld(
             target,
@@ -184,6 +186,7 @@ def run_demo(
             token_delay=token_delay,
             concurrency=max(8, rollouts),
             accept_unsafe_store=accept_unsafe_store,
+            run_id=run_id,
             **kwargs,
         )
 

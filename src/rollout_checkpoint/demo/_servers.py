@@ -18,15 +18,15 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import CheckpointError
 from ..format.records import AgentBoundaryRecord
-from ..ids import ExecutionId, Identifier
+from ..ids import ID_MAX_LENGTH, ID_PATTERN, ExecutionId, Identifier
 from ..participants import AgentParticipant, FakeGenerationBackend, PolicyModelParticipant
 from ..participants.environments import make_participant, reference_environments
 from ..server import (
@@ -51,6 +51,15 @@ WAIT_SECONDS = 120.0
 
 def settings() -> dict[str, str]:
     return {k[len(PREFIX) :].lower(): v for k, v in os.environ.items() if k.startswith(PREFIX)}
+
+
+# what the routes accept, declared in the OpenAPI document so a generated client sends valid
+# requests; a value outside them is a 422 ``invalid_request`` (never a 500)
+RolloutIdPath = Annotated[
+    str,
+    Path(pattern=ID_PATTERN.pattern, max_length=ID_MAX_LENGTH, description="a rollout id (no '..')"),
+]
+AttemptQuery = Annotated[int, Query(ge=0, le=2**31 - 1, description="the attempt, 0-based")]
 
 
 class _Body(BaseModel):
@@ -127,7 +136,7 @@ def build_model(context: WorkerContext) -> ServedApp:
     install_error_handlers(app)
 
     @app.post("/ng-rollout/{rollout_id}/generate")
-    async def generate(rollout_id: str, body: Generate) -> dict[str, Any]:
+    async def generate(rollout_id: RolloutIdPath, body: Generate) -> dict[str, Any]:
         execution = ExecutionId(rollout_id=rollout_id, attempt=body.attempt)
         result = await run_blocking(
             lambda: model.generate(
@@ -147,7 +156,7 @@ def build_model(context: WorkerContext) -> ServedApp:
         }
 
     @app.post("/ng-rollout/{rollout_id}/finish")
-    async def finish(rollout_id: str, body: Attempt) -> dict[str, bool]:
+    async def finish(rollout_id: RolloutIdPath, body: Attempt) -> dict[str, bool]:
         await run_blocking(model.finish, ExecutionId(rollout_id=rollout_id, attempt=body.attempt))
         return {"finished": True}
 
@@ -184,7 +193,7 @@ def build_resources(context: WorkerContext) -> ServedApp:
         }
 
     @app.post("/ng-rollout/{rollout_id}/seed_session")
-    async def seed_session(rollout_id: str, body: Seed) -> dict[str, Any]:
+    async def seed_session(rollout_id: RolloutIdPath, body: Seed) -> dict[str, Any]:
         execution = ExecutionId(rollout_id=rollout_id, attempt=body.attempt)
         await admission.call(
             lambda: resources.open_session(execution, SESSION, env.reset(body.seed)), timeout=WAIT_SECONDS
@@ -192,7 +201,7 @@ def build_resources(context: WorkerContext) -> ServedApp:
         return await run_blocking(view, execution)
 
     @app.post("/ng-rollout/{rollout_id}/step")
-    async def step(rollout_id: str, body: Step) -> dict[str, Any]:
+    async def step(rollout_id: RolloutIdPath, body: Step) -> dict[str, Any]:
         execution = ExecutionId(rollout_id=rollout_id, attempt=body.attempt)
         await run_blocking(
             lambda: resources.mutate(
@@ -202,11 +211,11 @@ def build_resources(context: WorkerContext) -> ServedApp:
         return await run_blocking(view, execution)
 
     @app.get("/ng-rollout/{rollout_id}/state")
-    async def state(rollout_id: str, attempt: int) -> dict[str, Any]:
+    async def state(rollout_id: RolloutIdPath, attempt: AttemptQuery) -> dict[str, Any]:
         return await run_blocking(view, ExecutionId(rollout_id=rollout_id, attempt=attempt))
 
     @app.post("/ng-rollout/{rollout_id}/close_session")
-    async def close_session(rollout_id: str, body: Attempt) -> dict[str, bool]:
+    async def close_session(rollout_id: RolloutIdPath, body: Attempt) -> dict[str, bool]:
         await run_blocking(
             resources.end_session, ExecutionId(rollout_id=rollout_id, attempt=body.attempt), SESSION
         )
@@ -317,7 +326,7 @@ def build_agent(context: WorkerContext) -> ServedApp:
             results[execution] = outcome
 
     @app.post("/ng-rollout/{rollout_id}/run", status_code=202)
-    async def run(rollout_id: str, body: Run) -> dict[str, Any]:
+    async def run(rollout_id: RolloutIdPath, body: Run) -> dict[str, Any]:
         execution = ExecutionId(rollout_id=rollout_id, attempt=body.attempt)
         restored = await admission.call(
             lambda: agent.begin(execution, restart_only=body.restart_only), timeout=WAIT_SECONDS
@@ -328,7 +337,7 @@ def build_agent(context: WorkerContext) -> ServedApp:
         return {"accepted": True, "continued": restored is not None}
 
     @app.get("/ng-rollout/{rollout_id}/result")
-    async def result(rollout_id: str, attempt: int) -> dict[str, Any]:
+    async def result(rollout_id: RolloutIdPath, attempt: AttemptQuery) -> dict[str, Any]:
         with lock:
             return dict(
                 results.get(ExecutionId(rollout_id=rollout_id, attempt=attempt), {"status": "unknown"})

@@ -140,6 +140,7 @@ class DemoWorld:
         skip: ParticipantKind | None = None,
         fault_hook: FaultHook | None = None,
         accept_unsafe_store: bool = False,
+        run_id: str = "demo",
     ) -> None:
         self.store = MortalStore(store)
         self.tokens = ObjectStoreTokenStore(self.store)
@@ -165,6 +166,8 @@ class DemoWorld:
             self.tokens,
             fault_hook=fault_hook,
             accept_unsafe_store=accept_unsafe_store,
+            run_id=run_id,  # the process after the crash is the same run: it takes the next epoch
+            takeover=True,  # a demo takes its store over explicitly (an earlier run may own it)
         )
 
     def crash(self, checkpoint_id: str | None) -> None:

@@ -103,7 +103,9 @@ def read_aggregate(store: ObjectStore, ref: ObjectRef) -> AggregateManifest:
 # -- global record ------------------------------------------------------------------------
 
 
-def publish_record(store: ObjectStore, record: GlobalCheckpointRecord) -> ObjectRef:
+def publish_record(
+    store: ObjectStore, record: GlobalCheckpointRecord, before_record: Callable[[], None] | None = None
+) -> ObjectRef:
     """The commit: claim ``sequence/<n>.json``, then create ``published/<id>.json``.
 
     A version 2 record is sealed first and its sequence claimed (:func:`claim_sequence`):
@@ -111,11 +113,15 @@ def publish_record(store: ObjectStore, record: GlobalCheckpointRecord) -> Object
     again with a later one). A retry whose first try already landed finds identical bytes and
     succeeds; a record from another coordinator (different ``commit_token``) raises
     ``ManifestConflictError``. A version 1 record (legacy, tests) is written without a claim.
+    ``before_record`` runs between the claim and the record (the coordinator's last ownership
+    check): if it raises, the claim stays without a record, as after an interrupted publish.
     """
     if record.schema_version >= 2:
         if record.record_digest is None:
             record = record.sealed()
         claim_sequence(store, record)
+    if before_record is not None:
+        before_record()
     key = layout.published_key(record.checkpoint_id)
     data = record.to_bytes()
     _create_only(store, key, data, "global checkpoint record")

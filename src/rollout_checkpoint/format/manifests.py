@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, m
 from ..errors import (
     IntegrityError,
     InvalidRecordError,
+    InvalidValueError,
     UnsupportedSchemaError,
     refuse_newer_schema,
 )
@@ -61,8 +62,15 @@ claim; version 1 records are still read)."""
 
 
 def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the bytes every digest in the protocol is taken over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Sorted keys, no whitespace, UTF-8: the bytes every digest in the protocol is taken over.
+
+    NaN and the infinities are not JSON (RFC 8259): ``invalid_value``, never written."""
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode()
+    except ValueError as exc:
+        raise InvalidValueError(f"not canonical JSON: {exc} (NaN and Infinity are not JSON)") from None
 
 
 def new_commit_token() -> str:
@@ -186,11 +194,20 @@ class GlobalCheckpointRecord(_Model):
     token_snapshot: dict[str, JsonValue] | None = None
     framework_state: JsonValue = None
     counts: dict[str, int] = Field(default_factory=dict)
+    run_id: Identifier | None = None
+    """The run whose coordinator published this (``format.ownership``); absent before fencing."""
+    epoch: int | None = Field(default=None, ge=1)
+    """That coordinator's owner epoch; absent in records written before fencing existed."""
     record_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    def _absent(self) -> set[str]:
+        """Fields left out of the bytes when unset, so a record written before they existed
+        keeps its exact bytes and digest."""
+        return {name for name in ("run_id", "epoch") if getattr(self, name) is None}
 
     def computed_digest(self) -> str:
         """sha256 of the canonical JSON of every field except ``record_digest``."""
-        body = self.model_dump(mode="json", exclude={"record_digest"})
+        body = self.model_dump(mode="json", exclude={"record_digest", *self._absent()})
         return hashlib.sha256(canonical_json(body)).hexdigest()
 
     def sealed(self) -> GlobalCheckpointRecord:
@@ -199,7 +216,7 @@ class GlobalCheckpointRecord(_Model):
 
     def to_bytes(self) -> bytes:
         exclude = {"record_digest"} if self.record_digest is None else set()
-        return canonical_json(self.model_dump(mode="json", exclude=exclude))
+        return canonical_json(self.model_dump(mode="json", exclude=exclude | self._absent()))
 
     @model_validator(mode="after")
     def _keys_under_own_prefix(self) -> GlobalCheckpointRecord:

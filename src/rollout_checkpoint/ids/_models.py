@@ -3,11 +3,11 @@ execution identity of a rollout (:class:`ExecutionId`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import InvalidIdentifierError
+from ..errors import InvalidIdentifierError, InvalidValueError
 from ._keys import validate_id
 
 __all__ = ["CheckpointId", "ExecutionId", "Identifier"]
@@ -37,6 +37,19 @@ class ExecutionId(BaseModel):
     rollout_id: Identifier
     attempt: int = Field(ge=0)
 
+    def __init__(self, /, **data: Any) -> None:
+        """Constructed directly, a bad id or attempt is a typed ``CheckpointError`` (nested in
+        another model it stays part of that model's ``ValidationError``)."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+            )
+            fields = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+            error = InvalidIdentifierError if fields == {"rollout_id"} else InvalidValueError
+            raise error(f"not an execution id ({problems})", value=repr(data)[:200]) from None
+
     @property
     def capture_key(self) -> str:
         """``rollout_id`` for attempt 0, ``rollout_id-a<N>`` after (NeMo Gym's capture key)."""
@@ -47,3 +60,10 @@ class ExecutionId(BaseModel):
 
     def __str__(self) -> str:
         return f"{self.rollout_id}#{self.attempt}"
+
+
+# Nested in another model (a request body's ``scope``), an ExecutionId is validated by pydantic
+# itself, so its errors stay part of that model's ``ValidationError`` with their field paths;
+# only a direct ``ExecutionId(...)`` call goes through the ``__init__`` above.
+ExecutionId.__pydantic_custom_init__ = False
+ExecutionId.model_rebuild(force=True)

@@ -157,6 +157,14 @@ class CommitRestore(AdmissionGate, abc.ABC):
                     return frozen
             ref = self._write_component(checkpoint_id, store, deadline, export.records, extra, generation)
             with self._cond:
+                if self._generation != generation or self._active != checkpoint_id:
+                    # resumed (or the lease expired) after the manifest write: the phase belongs
+                    # to whatever came next, never to this commit (linearizable with resume)
+                    raise StaleCheckpointError(
+                        f"commit {checkpoint_id}: the checkpoint was resumed meanwhile; its phase is "
+                        "not committed",
+                        checkpoint_id=checkpoint_id,
+                    )
                 committed = reply(Phase.COMMITTED, ref)
                 self._phase = Phase.COMMITTED
                 self._replies.commit = committed

@@ -27,6 +27,7 @@ from ..errors import (
     CheckpointNotFoundError,
     CheckpointRejectedError,
     ObjectNotFoundError,
+    StaleCoordinatorError,
     StoreError,
 )
 from ..format import layout
@@ -41,6 +42,7 @@ from ..format.commit_log import (
     read_record,
 )
 from ..format.manifests import ComponentRef
+from ..format.ownership import read_epochs, stale_reason
 from ..format.record_reader import ArchiveReader
 from ..format.records import OutputChunkRecord
 from ..ids import validate_id
@@ -146,6 +148,10 @@ def load_checkpoint(
             notes.append(f"{candidate.checkpoint_id}: unpublished while loading")
             continue
         except CheckpointError as exc:
+            if exc.details.get("code") == StaleCoordinatorError.code:
+                # a fenced coordinator's late record: never published, as far as readers go
+                notes.append(f"passed over: {exc.details['reason']}")
+                continue
             if not (fallback and _skippable(exc)):
                 if notes:
                     exc.details.setdefault("notes", list(notes))
@@ -192,6 +198,9 @@ def _load_one(
         if _store_failure(exc):
             raise  # the store failed: no answer about the checkpoint was received
         raise reject(cid, f"global checkpoint record unreadable: {exc.message}", code=exc.code) from exc
+    stale = stale_reason(record, read_epochs(store))
+    if stale is not None:
+        raise reject(cid, stale, code=StaleCoordinatorError.code, run_id=record.run_id, epoch=record.epoch)
     try:
         aggregate = read_aggregate(store, record.aggregate)
     except CheckpointError as exc:

@@ -169,6 +169,8 @@ class RecoveryPlan:
         out: dict[str, JsonValue] = {
             "checkpoint_id": self.checkpoint_id,
             "sequence": self.record.sequence,
+            "run_id": self.record.run_id,
+            "epoch": self.record.epoch,
             "created_at": self.record.created_at.isoformat(),
             "status": "ok",
             "counts": dict(self.counts().items()),

@@ -26,6 +26,7 @@ from ._serve import (
     serve_thread,
     worker_app,
 )
+from ._token_rules import MIN_TOKEN_LENGTH
 from ._tokens import TOKENS_ROUTE_PREFIX, RemoteTokenStore, token_store_app, token_store_router
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
@@ -58,6 +59,7 @@ __all__ = [
     "ROLLOUT_PATH_PREFIX",
     "STAGING_PREFIX",
     "TOKENS_ROUTE_PREFIX",
+    "MIN_TOKEN_LENGTH",
     "TOKEN_ENV",
     "UNSAFE_STORE_ENV",
     "VIA_HEADER",

@@ -19,6 +19,7 @@ from tenacity.stop import stop_base
 
 from ..errors import CheckpointError, DeadlineExceededError
 from ..telemetry import inject
+from ._token_rules import check_sendable_token
 from ._wire import ParticipantUnreachableError, error_from_wire
 
 __all__ = ["JsonClient"]
@@ -67,6 +68,7 @@ class JsonClient:
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
+        check_sendable_token(token)
         self.base_url = base_url.rstrip("/")
         self.attempts = attempts
         self.default_timeout_s = default_timeout_s

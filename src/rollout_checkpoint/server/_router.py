@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import CheckpointError
 from ..protocol import (
@@ -40,6 +41,7 @@ from ..protocol import (
 )
 from ..store import ObjectStore, open_store
 from ..telemetry import extracted, log_fields
+from ._token_rules import check_server_token
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
     INTERNAL_ERROR,
@@ -109,12 +111,16 @@ class _TokenCheck:
     """Constant-time bearer check. Holds the token privately; its repr never shows it."""
 
     def __init__(self, token: str) -> None:
-        if not isinstance(token, str) or not token.strip():
-            raise ValueError("the control token must be a non-empty string")
-        self._token = token.encode("utf-8")
+        self._token = check_server_token(token).encode("ascii")
 
     def __repr__(self) -> str:
         return "_TokenCheck(<redacted>)"
+
+    def request_ok(self, request: Request) -> bool:
+        """Exactly one ``Authorization`` header, a bearer token that matches (two headers, even
+        one right and one wrong, are refused: proxies disagree on which one wins)."""
+        headers = request.headers.getlist("authorization")
+        return len(headers) == 1 and self.header_ok(headers[0])
 
     def header_ok(self, authorization: str | None) -> bool:
         scheme, _, credentials = (authorization or "").partition(" ")
@@ -140,7 +146,7 @@ def _route_class(check: _TokenCheck) -> type[APIRoute]:
             handler = super().get_route_handler()
 
             async def guarded(request: Request) -> Response:
-                if not check.header_ok(request.headers.get("authorization")):
+                if not check.request_ok(request):
                     return _unauthorized()
                 try:
                     with extracted(request.headers):  # the caller's trace continues here
@@ -294,13 +300,27 @@ def checkpoint_router(
 
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every :class:`CheckpointError` an app's own routes raise (a stale attempt, closed
-    admission, an unknown session) in the control plane's error shape and statuses."""
+    admission, an unknown session, a bad execution id) and every request FastAPI refuses (422
+    ``invalid_request``) in the control plane's error shape and statuses, never a 500."""
 
     async def handler(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, CheckpointError)
         return error_response(status_for(exc), exc.code, exc.message)
 
+    async def invalid(request: Request, exc: Exception) -> Response:
+        # a path, query or body value outside what the route declares: the same error shape
+        assert isinstance(exc, RequestValidationError)
+        return error_response(422, INVALID_REQUEST, _describe(exc))
+
+    async def http(request: Request, exc: Exception) -> Response:
+        # Starlette's own answers (no such route, wrong method) in the same shape, with a code
+        assert isinstance(exc, StarletteHTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+
     app.add_exception_handler(CheckpointError, handler)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http)
 
 
 def install_participant(

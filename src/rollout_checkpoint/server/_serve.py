@@ -34,7 +34,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Query, Security
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import CheckpointError, UnknownExecutionError
+from ..errors import CheckpointError, InvalidArgumentError, UnknownExecutionError
 from ..ids import Identifier
 from ..protocol import Capabilities, ParticipantControl
 from ..store import ObjectStore, open_store
@@ -42,6 +42,7 @@ from ..tokens import ObjectStoreTokenStore
 from ._client import RemoteParticipant
 from ._router import _route_class, _TokenCheck, checkpoint_router, install_participant
 from ._routing import OwnerSigner, Resolver, StampOwner, WorkerFrontend
+from ._token_rules import check_server_token
 from ._tokens import token_store_app
 from ._wire import CHECKPOINT_ROUTE_PREFIX
 from ._workers import WorkerGroup
@@ -94,7 +95,26 @@ def load_build(spec: str) -> Build:
     if not module or not name:
         raise ValueError(f"build must be 'package.module:function', got {spec!r}")
     build: Build = getattr(importlib.import_module(module), name)
+    if not callable(build):
+        raise InvalidArgumentError(f"build {spec!r} is a {type(build).__name__}, not a function")
     return build
+
+
+def build_served(spec: str, context: WorkerContext) -> ServedApp:
+    """Call the build function ``spec`` names; anything but a :class:`ServedApp` is one clear
+    error naming the expected type (``serve`` prints it as one line)."""
+    served = load_build(spec)(context)
+    if not isinstance(served, ServedApp):
+        raise InvalidArgumentError(
+            f"build function {spec!r} returned a {type(served).__name__}; it must return "
+            "rollout_checkpoint.server.ServedApp(app=<FastAPI app>, participant=<participant>)"
+        )
+    if not isinstance(served.participant, ParticipantControl):
+        raise InvalidArgumentError(
+            f"build function {spec!r}: ServedApp.participant is a {type(served.participant).__name__}, "
+            "not a participant (rollout_checkpoint.protocol.ParticipantControl)"
+        )
+    return served
 
 
 @contextlib.contextmanager
@@ -197,12 +217,15 @@ def run_server(
     """Serve until interrupted (SIGINT/SIGTERM). See the module docstring.
 
     Raises :class:`~rollout_checkpoint.errors.ConditionalWriteUnsupportedError` before listening
-    when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false."""
+    when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false, and
+    :class:`~rollout_checkpoint.errors.InvalidValueError` for a token that is not printable ASCII
+    or shorter than 16 characters (``MIN_TOKEN_LENGTH``)."""
+    check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
-        served = load_build(build)(WorkerContext("w0", target, 1))
+        served = build_served(build, WorkerContext("w0", target, 1))
         install_participant(served.app, served.participant, token=token, store=target)
         uvicorn.run(served.app, host=host, port=port, log_level=log_level)
         return
@@ -249,6 +272,7 @@ def run_token_server(
     """Serve the reference token store (``rollout-checkpoint serve tokens``). Its shards are
     immutable and uniquely named on the object store, so worker processes need no group. The
     store is checked as :func:`run_server` checks it."""
+    check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
@@ -289,7 +313,7 @@ def worker_app() -> WorkerFrontend:
     store = _worker_store(os.environ[_STORE_ENV])
     workers = int(os.environ[_COUNT_ENV])
     worker_id = f"w{os.getpid()}"
-    served = load_build(os.environ[_BUILD_ENV])(WorkerContext(worker_id, store, workers))
+    served = build_served(os.environ[_BUILD_ENV], WorkerContext(worker_id, store, workers))
     caps = served.participant.capabilities()
     signer = OwnerSigner(token, f"{caps.kind}/{caps.instance}")
     # private socket: the worker's own participant (for the group) and forwarded sessions

@@ -38,7 +38,7 @@ from typing import TypeVar
 import httpx
 
 from ..archive import ManifestRef
-from ..errors import InvalidPhaseError, StaleCheckpointError
+from ..errors import InvalidPhaseError, ObjectNotFoundError, StaleCheckpointError
 from ..format import layout
 from ..format.record_reader import ArchiveReader
 from ..ids import ExecutionId, validate_id
@@ -316,11 +316,19 @@ class WorkerGroup:
                 )
                 fence = partial(self._not_resumed, checkpoint_id)
                 reply = self._merge(checkpoint_id, target, staging, replies, fence, self._lock)
-            except BaseException:
+            except BaseException as exc:
                 # kept until the abort's resume: a repeat after a lost answer merges them again
                 self._drop_after_resume(copies)
+                if isinstance(exc, ObjectNotFoundError) and checkpoint_id in self._resumed:
+                    # the resume dropped the staged copies the merge was reading
+                    raise StaleCheckpointError(
+                        f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
+                        checkpoint_id=checkpoint_id,
+                    ) from exc
                 raise
             with self._lock:
+                if checkpoint_id in self._resumed:
+                    self._not_resumed(checkpoint_id)  # raises: resumed after the merge
                 self._commits[checkpoint_id] = reply
             # garbage once the merged manifest exists; dropped after the resume (outside the pause)
             self._drop_after_resume(copies)

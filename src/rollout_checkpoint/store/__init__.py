@@ -16,7 +16,7 @@ from ._base import ObjectInfo, ObjectStore, PutResult, StoreCapabilities
 from ._counting import CountingStore
 from ._delegating import DelegatingStore
 from ._local import LocalStore
-from ._open import open_store
+from ._open import open_store, refuse_single_slash_scheme
 
 if TYPE_CHECKING:
     from ._fsspec import FsspecStore, MemoryStore
@@ -38,6 +38,7 @@ __all__ = [
     "StoreCapabilities",
     "is_transient",
     "open_store",
+    "refuse_single_slash_scheme",
 ]
 
 

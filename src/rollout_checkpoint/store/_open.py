@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..errors import StoreError
@@ -23,6 +24,7 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
         return url
     if not isinstance(url, str) or not url:
         raise StoreError("store URL must be a non-empty string", url=url)
+    refuse_single_slash_scheme(url)
     protocol, sep, rest = url.partition("://")
     protocol = protocol.lower()
     if protocol in ("s3", "s3a"):
@@ -60,10 +62,34 @@ def open_store(url: str | ObjectStore, **storage_options: Any) -> ObjectStore:
 
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError, TypeError) as exc:
-        raise StoreError(f"cannot open store {url!r}: {exc}", url=url) from exc
+    except Exception as exc:  # fsspec's backends raise anything (IsADirectoryError for zip://)
+        raise StoreError(f"cannot open store {url!r}: {type(exc).__name__}: {exc}", url=url) from exc
     if isinstance(fs, DirFileSystem):
         # url_to_fs hands back the directory itself as the path, but a DirFileSystem already
         # resolves every path against it: using it as root again would nest it inside itself.
         root = ""
     return FsspecStore(fs, root, url)
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!//)(?!:)")  # "dir::file://" chains
+_KNOWN = ("s3", "s3a", "file", "local", "memory", "gs", "gcs", "az", "abfs", "hdfs", "http", "https", "zip")
+
+
+def refuse_single_slash_scheme(url: str) -> None:
+    """``s3:/bucket/x`` or ``file:/x`` would silently become a local directory named ``s3:``:
+    a known scheme without ``://`` is refused (one clear line), never guessed."""
+    match = _SCHEME.match(url)
+    if match is None:
+        return
+    scheme = match.group(1).lower()
+    known = scheme in _KNOWN
+    if not known:
+        from fsspec.registry import known_implementations
+
+        known = scheme in known_implementations
+    if known:
+        rest = url[match.end() :].lstrip("/")
+        raise StoreError(
+            f"store URL {url!r}: a scheme needs '://' (did you mean '{scheme}://{rest}'?)",
+            url=url,
+        )

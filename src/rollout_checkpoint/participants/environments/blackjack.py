@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from ...errors import InvalidArgumentError
 from ...protocol import CheckpointMode
 from ._base import MASK64, CheckedJsonCodec, splitmix64
 
@@ -102,7 +103,7 @@ class BlackjackEnvironment:
         new = {**state, "deck": list(state["deck"]), "player": list(state["player"])}
         new["dealer"] = list(state["dealer"])
         if new["done"]:
-            raise ValueError("the episode is over")
+            raise InvalidArgumentError("the episode is over: close the session or seed a new one")
         if action % self.actions == HIT:
             new["player"].append(new["deck"].pop(0))
             if _value(new["player"]) > 21:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from ...errors import InvalidArgumentError
 from ...protocol import CheckpointMode
 from ._base import CheckedJsonCodec, splitmix64
 
@@ -80,7 +81,7 @@ class InventoryEnvironment:
 
     def step(self, state: Mapping[str, Any], action: int) -> dict[str, Any]:
         if state["done"]:
-            raise ValueError("the episode is over")
+            raise InvalidArgumentError("the episode is over: close the session or seed a new one")
         new = {**state, "items": dict(state["items"])}
         item = ITEMS[(action // 2) % len(ITEMS)]
         if action % 2 == 0 and sum(new["items"].values()) < new["capacity"]:

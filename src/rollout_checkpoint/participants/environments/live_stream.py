@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from ...errors import InvalidArgumentError
 from ...protocol import CheckpointMode
 from ..codecs import StateCodec
 from ._base import splitmix64
@@ -54,7 +55,7 @@ class LiveStreamEnvironment:
 
     def step(self, state: StreamState, action: int) -> StreamState:
         if self.done(state):
-            raise ValueError("the episode is over")
+            raise InvalidArgumentError("the episode is over: close the session or seed a new one")
         value = next(state.stream)  # advances the live generator in place
         state.total += value if action % 2 == 1 else 0
         state.steps += 1

@@ -46,6 +46,7 @@ class Ticket:
     state: Literal["queued", "running", "staging"] = "queued"
     generation: Generation | None = None
     completion: TokenPutReceipt | None = None
+    completed_entry: TokenEntry | None = None  # what ``completion`` pins (a later round acks it)
     frozen_as: str | None = None  # the checkpoint that froze it unstarted (never_started)
 
     @property

@@ -87,7 +87,14 @@ class CutRounds(Participant):
                 self._record(round_, self._plain_ack(ticket, "excluded", "the call is not cuttable"))
             elif ticket.state == "running":
                 to_cut.append(ticket)
-            # "staging": its own thread acknowledges the completion once durable
+            elif ticket.completion is not None:
+                # durable, its response held since an earlier round: its thread acknowledged that
+                # round and now only waits for admission, so this round is acknowledged here
+                assert ticket.generation is not None and ticket.completed_entry is not None
+                self._acknowledge_completion(
+                    ticket, ticket.generation, ticket.completed_entry, ticket.completion
+                )
+            # "staging" without a completion yet: its own thread acknowledges it once durable
         if to_cut:
             threading.Thread(  # under the prepare's trace context: the cut span joins its trace
                 target=bound(self._cut_all), args=(round_, to_cut), name=f"cut-{self.instance}", daemon=True

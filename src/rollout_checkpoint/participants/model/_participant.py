@@ -211,7 +211,7 @@ class PolicyModelParticipant(CutRounds):
         receipt = self._put(entry)  # durable before it counts; no lock held
         with self._cond:
             self._check_ticket(ticket)
-            ticket.completion = receipt
+            ticket.completion, ticket.completed_entry = receipt, entry
             self._acknowledge_completion(ticket, generation, entry, receipt)
             while not self._accepting:  # the response is held until resume
                 self._cond.wait(self._wait_slice(None))
