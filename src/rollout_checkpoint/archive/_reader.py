@@ -300,11 +300,7 @@ class RawArchiveReader:
                             problem="inconsistent",
                         )
                     seen.add(r.identity)
-            self._resolver_cache = ReferenceResolver(
-                self,
-                rows,
-                lambda store, prefix, sha: RawArchiveReader.open(store, prefix, expected_sha256=sha),
-            )
+            self._resolver_cache = ReferenceResolver(self, rows, _open_pinned)
         return self._resolver_cache
 
     def _checked_object(self, relative: str, size: int, sha256: str, what: str) -> bytes:
@@ -329,6 +325,18 @@ class RawArchiveReader:
         resolver = self._resolver()
         for i in range(len(self.manifest.bases or [])):
             resolver.base(i)
+
+    def check_pins(self) -> None:
+        """Format 2, without parsing a row: the reference table's bytes and every base's
+        ``manifest.json`` against their pins, and each base of the same kind and instance (what
+        a publisher checks of the archive a participant just wrote; ``IntegrityError`` else)."""
+        entry = self.manifest.references
+        if entry is None:
+            return
+        self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+        pins = ReferenceResolver(self, [], _open_pinned)
+        for i in range(len(self.manifest.bases or [])):
+            pins.base(i)
 
     def base_prefixes(self) -> list[str]:
         """Prefixes of the archives this one refers to (what retention must keep with it)."""
@@ -535,6 +543,11 @@ class RawArchiveReader:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r}, {self.prefix!r})"
+
+
+def _open_pinned(store: ObjectStore, prefix: str, sha256: str) -> RawArchiveReader:
+    """A base archive, its manifest checked against the SHA-256 that pins it."""
+    return RawArchiveReader.open(store, prefix, expected_sha256=sha256)
 
 
 def _check_schema(schema: pa.Schema, key: str) -> None:

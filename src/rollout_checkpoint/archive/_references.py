@@ -94,9 +94,11 @@ def references_name(writer_id: str) -> str:
     return f"refs-{writer_id}.parquet"
 
 
-def reference_table_bytes(rows: Sequence[Reference], zstd_level: int = 1) -> bytes:
-    """The reference table as zstd Parquet (one row per referenced member, in the given order)."""
-    columns = [[getattr(r, name) for r in rows] for name in REFERENCE_SCHEMA.names]
+def reference_table_bytes(columns: Sequence[Sequence[Any]], zstd_level: int = 1) -> bytes:
+    """The reference table as zstd Parquet: ``columns`` in ``REFERENCE_SCHEMA`` order (one entry
+    per referenced member each, in the given order)."""
+    if len(columns) != len(REFERENCE_SCHEMA) or len({len(c) for c in columns}) > 1:
+        raise InvalidRecordError("reference columns must be the reference schema's, of equal length")
     table = pa.Table.from_arrays(
         [pa.array(col, type=field.type) for col, field in zip(columns, REFERENCE_SCHEMA, strict=True)],
         schema=REFERENCE_SCHEMA,
