@@ -23,7 +23,6 @@ Why it looks like this (measured in docs/benchmarks.md, ``peer_store.py``):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import uuid
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -494,22 +493,12 @@ class ArchiveWriter:
         self, bases: list[tuple[str, ManifestRef]], columns: list[list[Any]]
     ) -> ReferencesEntry:
         """Upload the reference table (a unique name, like the index) and describe it."""
-        from ._manifest import ReferencesEntry
-        from ._references import reference_table_bytes, references_name
+        from ._references import reference_entry, reference_table_bytes, references_name
 
         data = reference_table_bytes(columns, self.zstd_level)
         name = references_name(self.writer_id)
         self.store.put(join_key(self.prefix, name), data)
-        counts: dict[str, int] = {}
-        for kind in columns[0]:
-            counts[kind] = counts.get(kind, 0) + 1
-        return ReferencesEntry(
-            key=name,
-            bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-            rows=len(columns[0]),
-            counts=dict(sorted(counts.items())),
-        )
+        return reference_entry(data, name, columns[0])
 
     def abort(self) -> None:
         """Drop buffered data; no manifest is written (uploaded shards become garbage)."""
