@@ -72,6 +72,29 @@ def _run(dep: Deployment, mode: str, argv: list[str]) -> int:
         dep.coordinator.fault_hook = hook
         dep.coordinator.checkpoint(cid)
         return 3  # the step was never reached
+    if mode in ("incremental-steps", "incremental-crash"):
+        # a first checkpoint in this process, then the one observed: incremental (format 2),
+        # it refers into the first one's archives
+        populate(dep, dep.coordinator.token_source, queued=False)
+        dep.coordinator.checkpoint("ck-first")
+        if mode == "incremental-steps":
+            observed: list[str] = []
+            dep.coordinator.fault_hook = observed.append
+            dep.coordinator.checkpoint("ck-steps")
+            print(json.dumps(observed))
+            return 0
+        k, cid = int(argv[2]), argv[3]
+        count = [0]
+
+        def kill(step: str) -> None:
+            if count[0] == k:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+            count[0] += 1
+
+        dep.coordinator.fault_hook = kill
+        dep.coordinator.checkpoint(cid)
+        return 3  # the step was never reached
     if mode == "async-steps":
         populate(dep, dep.coordinator.token_source, queued=False)
         patterns: list[str] = []

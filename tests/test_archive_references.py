@@ -54,7 +54,12 @@ def _refer(writer: ArchiveWriter, base: RawArchiveReader, skip: frozenset[str] =
         for m in base.members()
         if m.rollout_id not in skip
     ]
-    writer.refer([(base.prefix, base.manifest_ref)], rows)
+    writer.refer([(base.prefix, base.manifest_ref)], _columns(rows))
+
+
+def _columns(rows: list[Reference]) -> list[list[object]]:
+    """The reference table's columns of ``rows``."""
+    return [[getattr(r, name) for r in rows] for name in Reference._fields]
 
 
 def _two_archives(store: MemoryStore) -> tuple[RawArchiveReader, RawArchiveReader]:
@@ -128,7 +133,7 @@ def test_a_reference_to_a_row_that_holds_another_member_is_refused() -> None:
     # claims "b" lives where "a" is stored
     w2.refer(
         [(base.prefix, base.manifest_ref)],
-        [Reference(KIND, "b", 0, "x", 2, '{"n":2}', 0, a.shard, a.row_group, a.row)],
+        _columns([Reference(KIND, "b", 0, "x", 2, '{"n":2}', 0, a.shard, a.row_group, a.row)]),
     )
     archive = _commit(w2)
     with pytest.raises(IntegrityError, match="not the referenced member"):

@@ -65,3 +65,35 @@ def test_kill_at_every_step(pristine: tuple[Path, list[str]], tmp_path: Path) ->
         assert summary["registry"]["done"] == [0, "handed_off"]
         verify_checkpoint(store, summary["checkpoint_id"])
     assert outcomes["published"] >= 3 and outcomes["not_published"] >= 20
+
+
+def test_kill_at_every_step_of_an_incremental_publication(
+    pristine: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The same, for a checkpoint that refers into the process's previous one (format 2)."""
+    baseline, _ = pristine
+    steps = json.loads(run_worker(str(tmp_path / "steps"), "incremental-steps"))
+    commit_point = steps.index("publish")
+    outcomes = {"published": 0, "not_published": 0}
+    for k in range(len(steps)):
+        root = tmp_path / f"k{k}"
+        shutil.copytree(baseline, root)
+        cid = f"ck-crash-{k}"
+        run_worker(str(root), "incremental-crash", str(k), cid, expect_kill=True)
+        store = LocalStore(root, fsync=False)
+        published = {p.checkpoint_id for p in list_published(store)}
+        assert published <= {"ck-baseline", "ck-first", cid} and "ck-first" in published
+        if cid in published:
+            assert k > commit_point, f"published although killed before the commit point (step {steps[k]})"
+            outcomes["published"] += 1
+        else:
+            assert k <= commit_point, (
+                f"not published although killed after the commit point (step {steps[k]})"
+            )
+            outcomes["not_published"] += 1
+        for checkpoint_id in published:  # the referred-to archives stay intact whatever was killed
+            verify_checkpoint(store, checkpoint_id)
+        summary = json.loads(run_worker(str(root), "recover"))
+        assert summary["clean"] and summary["open"]
+        verify_checkpoint(store, summary["checkpoint_id"])
+    assert outcomes["published"] >= 3 and outcomes["not_published"] >= 10

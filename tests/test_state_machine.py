@@ -46,6 +46,7 @@ from rollout_checkpoint.ids import ExecutionId
 from rollout_checkpoint.participants import FakeGenerationBackend, GenerationResult
 from rollout_checkpoint.protocol import Phase
 from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
+from rollout_checkpoint.retention import collect_garbage
 from rollout_checkpoint.store import MemoryStore
 
 ROLLOUTS = [f"r{i}" for i in range(5)]
@@ -105,6 +106,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.retired_at: dict[str, set[ExecutionId]] = {}
         self.calls = 0
         self.order: list[str] = []  # checkpoint ids in publish order (the model of the log)
+        self.publishes = 0  # every publish so far (the log's sequence), collected ones included
         self.damaged: set[str] = set()  # checkpoints with an object damaged or removed
         self.pointers: dict[str, bytes] = {}  # latest.json as it was right after each publish
         self.cut_calls: dict[str, tuple[list[int], int]] = {}  # call id -> prompt, max_tokens
@@ -210,7 +212,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _published_now(self, checkpoint_id: str, sequence: int) -> None:
         """Every rule that publishes records it in the model of the log."""
         # the sequence counts every publish, whatever happened to latest.json meanwhile
-        assert sequence == len(self.order) + 1
+        assert sequence == self.publishes + 1
+        self.publishes += 1
         self.order.append(checkpoint_id)
         self.pointers[checkpoint_id] = self.store.get(layout.LATEST_KEY)
         self.retired_at[checkpoint_id] = set(self.retired)
@@ -507,6 +510,16 @@ class ProtocolMachine(RuleBasedStateMachine):
                 if prefix in {b.prefix for b in manifest.bases or []}:
                     out.add(cid)
         return out
+
+    @rule(keep=st.integers(1, 3))
+    def collect_garbage(self, keep: int) -> None:
+        """Retention: keep the newest ``keep`` (no leftover waits). Whatever a kept checkpoint
+        refers into stays (the invariants verify every one that is not damaged)."""
+        report = collect_garbage(self.store, keep=keep, min_age_s=0)
+        published = set(self._published())
+        assert set(report.unpublished).isdisjoint(published)
+        self.order = [c for c in self.order if c in published]
+        self.damaged &= published
 
     # -- invariants ---------------------------------------------------------------------------------
     @invariant()

@@ -24,13 +24,12 @@ from ..store import ObjectStore
 from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
-from ._references import Reference, ReferenceResolver, parse_reference_table
+from ._referring import ReferringArchive
 from ._schema import MANIFEST_NAME, SHARD_SCHEMA, join_key
 
 __all__ = ["RawArchiveReader", "RawRecord", "check_object", "component_prefixes", "find_component_prefixes"]
 
 _CHUNK = 1 << 20
-_MEMBER_FIELDS = ("kind", "rollout_id", "attempt", "key", "revision", "refs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +189,7 @@ class _WindowFile(io.RawIOBase):
         return end - start
 
 
-class RawArchiveReader:
+class RawArchiveReader(ReferringArchive):
     """A committed component archive. Open with :meth:`open`; see the module docstring."""
 
     def __init__(
@@ -201,7 +200,7 @@ class RawArchiveReader:
         self.manifest = manifest
         self.manifest_ref = manifest_ref
         self._index: MemberIndex | None = None
-        self._resolver_cache: ReferenceResolver | None = None
+        self._resolver_cache = None
 
     @classmethod
     def open(cls, store: ObjectStore, prefix: str, *, expected_sha256: str | None = None) -> Self:
@@ -262,50 +261,9 @@ class RawArchiveReader:
             problems.append(exc)
         return problems
 
-    def _resolver(self) -> ReferenceResolver:
-        """Version 2: the digest-checked reference table and the bases it points into (empty for
-        version 1). A referenced identity that is also stored here is an ``IntegrityError``."""
-        if self._resolver_cache is None:
-            entry = self.manifest.references
-            rows: list[Reference] = []
-            if entry is not None:
-                data = self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
-                key = self.key_of(entry.key)
-                try:
-                    rows = parse_reference_table(data, len(self.manifest.bases or []))
-                except InvalidRecordError as exc:
-                    raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
-                counts: dict[str, int] = {}
-                for r in rows:
-                    counts[r.kind] = counts.get(r.kind, 0) + 1
-                if len(rows) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
-                    raise IntegrityError(
-                        f"{key}: reference table does not match the manifest's counts",
-                        key=key,
-                        problem="inconsistent",
-                    )
-                index = self._member_index()
-                literal = set(
-                    zip(
-                        *(index.column(n).to_pylist() for n in ("kind", "rollout_id", "attempt", "key")),
-                        strict=True,
-                    )
-                )
-                seen: set[tuple[str, str, int, str]] = set()
-                for r in rows:
-                    if r.identity in literal or r.identity in seen:
-                        raise IntegrityError(
-                            f"{key}: member {r.kind}/{r.rollout_id}#{r.attempt}/{r.key} is listed twice",
-                            key=key,
-                            problem="inconsistent",
-                        )
-                    seen.add(r.identity)
-            self._resolver_cache = ReferenceResolver(
-                self,
-                rows,
-                lambda store, prefix, sha: RawArchiveReader.open(store, prefix, expected_sha256=sha),
-            )
-        return self._resolver_cache
+    def _open_pinned(self, store: ObjectStore, prefix: str, sha256: str) -> RawArchiveReader:
+        """A base archive, its manifest checked against the SHA-256 that pins it."""
+        return RawArchiveReader.open(store, prefix, expected_sha256=sha256)
 
     def _checked_object(self, relative: str, size: int, sha256: str, what: str) -> bytes:
         """One whole object of this archive, its length and SHA-256 checked."""
@@ -316,30 +274,6 @@ class RawArchiveReader:
             raise _missing(key, what) from None
         check_bytes(key, data, size, sha256, what)
         return data
-
-    def references(self, kind: str | None = None) -> list[Reference]:
-        """The members this archive refers to in its bases (version 2; empty for version 1)."""
-        rows = self._resolver().rows
-        return rows if kind is None else [r for r in rows if r.kind == kind]
-
-    def open_bases(self) -> None:
-        """Version 2: read the reference table and every base's manifest, each checked against its
-        pin (what a load without ``verify`` checks of the bases; ``IntegrityError`` when one is
-        missing or altered)."""
-        resolver = self._resolver()
-        for i in range(len(self.manifest.bases or [])):
-            resolver.base(i)
-
-    def base_prefixes(self) -> list[str]:
-        """Prefixes of the archives this one refers to (what retention must keep with it)."""
-        return [b.prefix for b in self.manifest.bases or []]
-
-    def locations(self) -> dict[tuple[int, int, int], tuple[Any, ...]]:
-        """(shard, row group, row) -> (kind, rollout_id, attempt, key, revision, refs) of every
-        member stored here (the digest-checked index)."""
-        table = self._member_index().table
-        cols = [table.column(n).to_pylist() for n in ("shard", "row_group", "row", *_MEMBER_FIELDS)]
-        return {(a, b, c): tuple(rest) for a, b, c, *rest in zip(*cols, strict=True)}
 
     def verify(self) -> None:
         """Raise the first ``IntegrityError`` :meth:`check` finds (missing / truncated / altered)."""

@@ -12,6 +12,7 @@ index, and the row's identity, revision and refs against the reference row.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,7 +26,7 @@ from ._parquet_io import open_parquet_writer
 from ._schema import join_key
 
 if TYPE_CHECKING:
-    from ._manifest import ComponentManifest
+    from ._manifest import ComponentManifest, ReferencesEntry
 
 
 class StoredArchive(Protocol):
@@ -94,9 +95,11 @@ def references_name(writer_id: str) -> str:
     return f"refs-{writer_id}.parquet"
 
 
-def reference_table_bytes(rows: Sequence[Reference], zstd_level: int = 1) -> bytes:
-    """The reference table as zstd Parquet (one row per referenced member, in the given order)."""
-    columns = [[getattr(r, name) for r in rows] for name in REFERENCE_SCHEMA.names]
+def reference_table_bytes(columns: Sequence[Sequence[Any]], zstd_level: int = 1) -> bytes:
+    """The reference table as zstd Parquet: ``columns`` in ``REFERENCE_SCHEMA`` order (one entry
+    per referenced member each, in the given order)."""
+    if len(columns) != len(REFERENCE_SCHEMA) or len({len(c) for c in columns}) > 1:
+        raise InvalidRecordError("reference columns must be the reference schema's, of equal length")
     table = pa.Table.from_arrays(
         [pa.array(col, type=field.type) for col, field in zip(columns, REFERENCE_SCHEMA, strict=True)],
         schema=REFERENCE_SCHEMA,
@@ -128,6 +131,53 @@ def parse_reference_table(data: bytes, base_count: int) -> list[Reference]:
         if not 0 <= r.base < base_count or min(r.shard, r.row_group, r.row) < 0:
             raise InvalidRecordError(f"reference {r.identity} names no valid base location")
     return rows
+
+
+def checked_reference_rows(
+    data: bytes, key: str, manifest: ComponentManifest, stored: set[tuple[str, str, int, str]]
+) -> list[Reference]:
+    """The rows of a digest-checked reference table (``key``), checked against the manifest's
+    counts and against the identities the archive stores (``stored``): an identity stored and
+    referenced, or referenced twice, is an ``IntegrityError``."""
+    entry = manifest.references
+    assert entry is not None
+    try:
+        rows = parse_reference_table(data, len(manifest.bases or []))
+    except InvalidRecordError as exc:
+        raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.kind] = counts.get(r.kind, 0) + 1
+    if len(rows) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
+        raise IntegrityError(
+            f"{key}: reference table does not match the manifest's counts", key=key, problem="inconsistent"
+        )
+    seen: set[tuple[str, str, int, str]] = set()
+    for r in rows:
+        if r.identity in stored or r.identity in seen:
+            raise IntegrityError(
+                f"{key}: member {r.kind}/{r.rollout_id}#{r.attempt}/{r.key} is listed twice",
+                key=key,
+                problem="inconsistent",
+            )
+        seen.add(r.identity)
+    return rows
+
+
+def reference_entry(data: bytes, name: str, kinds: Sequence[str]) -> ReferencesEntry:
+    """The manifest's description of reference table bytes ``data`` stored as ``name``."""
+    from ._manifest import ReferencesEntry
+
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    return ReferencesEntry(
+        key=name,
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        rows=len(kinds),
+        counts=dict(sorted(counts.items())),
+    )
 
 
 def _same_refs(a: str | None, b: str | None) -> bool:

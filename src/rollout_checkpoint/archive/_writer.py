@@ -23,7 +23,6 @@ Why it looks like this (measured in docs/benchmarks.md, ``peer_store.py``):
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import uuid
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -58,7 +57,6 @@ if TYPE_CHECKING:
     from pydantic import JsonValue
 
     from ._manifest import ComponentManifest, ManifestRef, ReferencesEntry
-    from ._references import Reference
 
 __all__ = ["ArchiveWriter", "streams_natively"]
 
@@ -136,7 +134,7 @@ class ArchiveWriter:
         self._manifest_ref: ManifestRef | None = None
         self._aborted = False
         self._created_at = utc_now_iso()
-        self._refer: tuple[list[tuple[str, ManifestRef]], list[Reference]] | None = None
+        self._refer: tuple[list[tuple[str, ManifestRef]], list[list[Any]]] | None = None
         self._references_entry: ReferencesEntry | None = None
 
     # -- public state -----------------------------------------------------------------------
@@ -413,14 +411,15 @@ class ArchiveWriter:
         self._duplicates_checked = True
 
     # -- committing -------------------------------------------------------------------------
-    def refer(self, bases: Sequence[tuple[str, ManifestRef]], references: Sequence[Reference]) -> None:
+    def refer(self, bases: Sequence[tuple[str, ManifestRef]], references: Sequence[Sequence[Any]]) -> None:
         """Make this a version-2 archive that lists ``references`` (members stored in the archives
-        ``bases``: (prefix, pinned manifest) each; ``Reference.base`` is a position in it) besides
-        what it stores. Call before :meth:`commit`; the caller keeps the two sets disjoint (the
+        ``bases``: (prefix, pinned manifest) each) besides what it stores. ``references`` are the
+        reference table's columns in ``REFERENCE_SCHEMA`` order (``base`` is a position in
+        ``bases``). Call before :meth:`commit`; the caller keeps the two sets disjoint (the
         reader rejects an identity that is both stored and referenced)."""
         if self._sealed:
             raise ArchiveStateError(f"{self.prefix}: refer() after commit started")
-        self._refer = (list(bases), list(references))
+        self._refer = (list(bases), [list(c) for c in references])
 
     def commit(self, extra: Mapping[str, JsonValue] | None = None) -> ComponentManifest:
         """Upload the last shard and the index, then create ``manifest.json`` (create-only).
@@ -491,25 +490,15 @@ class ArchiveWriter:
         return manifest
 
     def _write_references(
-        self, bases: list[tuple[str, ManifestRef]], rows: list[Reference]
+        self, bases: list[tuple[str, ManifestRef]], columns: list[list[Any]]
     ) -> ReferencesEntry:
         """Upload the reference table (a unique name, like the index) and describe it."""
-        from ._manifest import ReferencesEntry
-        from ._references import reference_table_bytes, references_name
+        from ._references import reference_entry, reference_table_bytes, references_name
 
-        data = reference_table_bytes(rows, self.zstd_level)
+        data = reference_table_bytes(columns, self.zstd_level)
         name = references_name(self.writer_id)
         self.store.put(join_key(self.prefix, name), data)
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r.kind] = counts.get(r.kind, 0) + 1
-        return ReferencesEntry(
-            key=name,
-            bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-            rows=len(rows),
-            counts=dict(sorted(counts.items())),
-        )
+        return reference_entry(data, name, columns[0])
 
     def abort(self) -> None:
         """Drop buffered data; no manifest is written (uploaded shards become garbage)."""

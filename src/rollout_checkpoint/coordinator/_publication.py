@@ -205,7 +205,7 @@ class Publisher(CoordinatorCore):
             raise problems[0]
         # format 2: the reference table and every base manifest it points into, pinned (the bases
         # themselves were checked when their own checkpoint was published)
-        reader.open_bases()
+        reader.check_pins()
         return ComponentRef(
             kind=kind,
             instance=instance,

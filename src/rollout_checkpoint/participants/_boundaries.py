@@ -141,10 +141,7 @@ class Chunk:
     end: int
     payload: bytes
     sha256: str
-
-    @property
-    def key(self) -> str:
-        return chunk_key(self.first, self.end)
+    key: str
 
 
 def seal_chunks(saved: SavedBoundary, chunks: tuple[Chunk, ...], max_chunks: int) -> tuple[Chunk, ...]:
@@ -157,7 +154,7 @@ def seal_chunks(saved: SavedBoundary, chunks: tuple[Chunk, ...], max_chunks: int
     if len(chunks) + 1 > max_chunks:
         chunks, done = (), 0
     payload = chunk_payload(saved.rollout_id, saved.attempt, done, saved.items[done:])
-    return (*chunks, Chunk(done, n, payload, hashlib.sha256(payload).hexdigest()))
+    return (*chunks, Chunk(done, n, payload, hashlib.sha256(payload).hexdigest(), chunk_key(done, n)))
 
 
 def chunked_batches(
@@ -176,12 +173,20 @@ def chunked_batches(
         refs=tuple(b.refs_awaiting(a) for b, a, _, _ in parked),
         schema_version=2,
     )
-    pieces = [(b, c) for b, _, chunks, _ in parked for c in chunks]
+    rollout_ids: list[str] = []
+    attempts: list[int] = []
+    keys: list[str] = []
+    payloads: list[bytes] = []
+    for b, _, chunks, _ in parked:  # columns straight away: no object per chunk in the pause
+        rollout_ids.extend([b.rollout_id] * len(chunks))
+        attempts.extend([b.attempt] * len(chunks))
+        keys.extend([c.key for c in chunks])
+        payloads.extend([c.payload for c in chunks])
     chunk_batch = RecordBatch(
         kind=OutputChunkRecord.kind,
-        rollout_ids=tuple(b.rollout_id for b, _ in pieces),
-        attempts=tuple(b.attempt for b, _ in pieces),
-        keys=tuple(c.key for _, c in pieces),
-        payloads=tuple(c.payload for _, c in pieces),
+        rollout_ids=tuple(rollout_ids),
+        attempts=tuple(attempts),
+        keys=tuple(keys),
+        payloads=tuple(payloads),
     )
     return [boundaries, chunk_batch]

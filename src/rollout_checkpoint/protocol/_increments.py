@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
-from ..archive._references import Reference
 from ..archive._schema import encode_refs
 from ..errors import ObjectNotFoundError
 from ..format import layout
@@ -49,7 +48,10 @@ class IncrementalPlan:
 
     def __init__(self, catalog: Mapping[Identity, _Stored] | None) -> None:
         self._catalog = catalog
-        self.references: list[tuple[Identity, _Stored]] = []
+        # referred-to members as two parallel lists (no object per member: a plan of a long run
+        # refers to tens of thousands of them, inside the checkpoint's pause)
+        self._ref_idents: list[Identity] = []
+        self._ref_stored: list[_Stored] = []
         self.written: dict[Identity, tuple[bytes, int | None, str | None]] = {}
 
     def _unchanged(self, ident: Identity, payload: bytes, revision: int | None, refs: str | None) -> bool:
@@ -98,7 +100,8 @@ class IncrementalPlan:
     def _refer(self, ident: Identity, payload: bytes, revision: int | None, refs: str | None) -> bool:
         if self._unchanged(ident, payload, revision, refs):
             assert self._catalog is not None
-            self.references.append((ident, self._catalog[ident]))
+            self._ref_idents.append(ident)
+            self._ref_stored.append(self._catalog[ident])
             return True
         self.written[ident] = (payload, revision, refs)
         return False
@@ -107,16 +110,31 @@ class IncrementalPlan:
         """Hand the references to ``writer`` (version 2) when the catalog was usable."""
         if self._catalog is None:
             return
-        bases: dict[str, tuple[int, ManifestRef]] = {}
-        rows: list[Reference] = []
-        for ident, stored in self.references:
-            slot = bases.setdefault(stored.prefix, (len(bases), stored.manifest))
-            rows.append(
-                Reference(
-                    *ident, stored.revision, stored.refs, slot[0], stored.shard, stored.row_group, stored.row
-                )
-            )
-        writer.refer([(prefix, ref) for prefix, (_, ref) in bases.items()], rows)
+        bases: dict[str, int] = {}
+        refs: dict[str, ManifestRef] = {}
+        stored = self._ref_stored
+        for s in stored:
+            if s.prefix not in bases:
+                bases[s.prefix] = len(bases)
+                refs[s.prefix] = s.manifest
+        idents = self._ref_idents
+        columns: list[list[Any]] = [
+            [i[0] for i in idents],
+            [i[1] for i in idents],
+            [i[2] for i in idents],
+            [i[3] for i in idents],
+            [s.revision for s in stored],
+            [s.refs for s in stored],
+            [bases[s.prefix] for s in stored],
+            [s.shard for s in stored],
+            [s.row_group for s in stored],
+            [s.row for s in stored],
+        ]
+        writer.refer([(prefix, refs[prefix]) for prefix in bases], columns)
+
+    def references(self) -> dict[Identity, _Stored]:
+        """The referred-to members and where they are stored."""
+        return dict(zip(self._ref_idents, self._ref_stored, strict=True))
 
 
 class BaseCatalog:
@@ -142,7 +160,7 @@ class BaseCatalog:
         """Remember the archive just committed at ``prefix``: locations of the rows it stores come
         from its own (digest-checked) member index, the referenced ones carry over."""
         reader = RawArchiveReader.open(store, prefix)
-        members: dict[Identity, _Stored] = {ident: stored for ident, stored in plan.references}
+        members = plan.references()
         manifest = reader.manifest_ref
         for m in reader.stored_members():
             ident = (m.kind, m.rollout_id, m.attempt, m.key)
