@@ -109,8 +109,8 @@ class _Cluster:
         # every child's temporary folders (a server's rc-workers-* socket folder) live under the
         # run's own scratch folder: a SIGKILLed server never cleans up, so the parent does, and
         # a replacement server finds its predecessor's leftovers where the parent removes them
-        # (a folder of its own in the system temp directory: Unix socket paths must stay short)
-        self.scratch = Path(tempfile.mkdtemp(prefix="rc-demo-"))
+        # (a short name in the temp directory: the Unix socket paths below it must stay short)
+        self.scratch = Path(tempfile.mkdtemp(prefix="rc"))
         self.env["TMPDIR"] = str(self.scratch)
         self.workers = workers
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

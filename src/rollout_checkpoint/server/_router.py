@@ -77,7 +77,12 @@ T = TypeVar("T")
 _STORES_KEPT = 32
 
 CONTROL_THREADS = 32
-"""Worker threads one router may occupy at once (a prepare holds one until it is ready)."""
+"""Worker threads one router may occupy at once for the operations that wait (prepare, commit,
+collect, restore: a prepare holds one until it is ready)."""
+
+QUICK_THREADS = 8
+"""Worker threads of their own for the operations that never wait (status, resume, renew,
+abort-restore, retire, forget), so a pile of parked prepares can never lock out the abort."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorReply, "description": "missing or wrong bearer token; nothing applied"},
@@ -198,10 +203,14 @@ def checkpoint_router(
     check = _TokenCheck(token)
     configured = open_store(store) if store is not None else None
     limiter = anyio.CapacityLimiter(threads)
+    quick_limiter = anyio.CapacityLimiter(QUICK_THREADS)
     stores: dict[str, ObjectStore] = {}
 
     async def blocking(fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=limiter)
+
+    async def quick(fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(lambda: fn(*args), limiter=quick_limiter)
 
     def target(requested: str | None) -> str | ObjectStore:
         if configured is not None:
@@ -233,7 +242,7 @@ def checkpoint_router(
 
     @router.get("/status", response_model=ParticipantStatus, summary="capabilities, phase and counts")
     async def status() -> ParticipantStatus:
-        return await blocking(participant.status)
+        return await quick(participant.status)
 
     @router.post("/prepare", response_model=PrepareReport, summary="close admission, wait for boundaries")
     async def prepare(body: CheckpointRequest) -> PrepareReport:
@@ -244,7 +253,7 @@ def checkpoint_router(
         method = getattr(participant, "renew", None)
         if method is None:
             raise UnsupportedOperationError("this participant has no lease to renew")
-        await blocking(method, body.checkpoint_id, body.deadline_ts)
+        await quick(method, body.checkpoint_id, body.deadline_ts)
         return RenewReply(checkpoint_id=body.checkpoint_id, deadline_ts=body.deadline_ts)
 
     def publisher() -> AsyncParticipantControl:
@@ -279,20 +288,20 @@ def checkpoint_router(
 
     @router.post("/resume", response_model=ResumeReply, summary="reopen admission (also the abort)")
     async def resume(body: CheckpointRequest) -> ResumeReply:
-        return await blocking(participant.resume, body.checkpoint_id, body.deadline_ts)
+        return await quick(participant.resume, body.checkpoint_id, body.deadline_ts)
 
     @router.post("/abort-restore", response_model=ResumeReply, summary="undo a restore that failed elsewhere")
     async def abort_restore(body: CheckpointRequest) -> ResumeReply:
-        return await blocking(participant.abort_restore, body.checkpoint_id, body.deadline_ts)
+        return await quick(participant.abort_restore, body.checkpoint_id, body.deadline_ts)
 
     @router.post("/retire", response_model=RetireReply, summary="tombstone attempts everywhere here")
     async def retire(body: RetireRequest) -> RetireReply:
-        await blocking(participant.retire, list(body.executions), body.deadline_ts)
+        await quick(participant.retire, list(body.executions), body.deadline_ts)
         return RetireReply(retired=len(body.executions))
 
     @router.post("/forget", response_model=ForgetReply, summary="drop tombstones of finished rollouts")
     async def forget(body: ForgetRequest) -> ForgetReply:
-        await blocking(participant.forget, list(body.rollout_ids))
+        await quick(participant.forget, list(body.rollout_ids))
         return ForgetReply(forgotten=len(body.rollout_ids))
 
     return router
