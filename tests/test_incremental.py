@@ -46,7 +46,7 @@ class Run:
         self.agent.max_chunks = max_chunks
         self.resources = ResourcesParticipant("res-0", mode="exported")
         self.registry = LiveExecutionRegistry()
-        self.coordinator = Coordinator(store, [self.agent, self.resources], self.registry)
+        self.coordinator = Coordinator(store, [self.agent, self.resources], self.registry, run_id="test-run")
         for p in (self.agent, self.resources):
             p.incremental_commits = incremental
         self.coordinator.registry_catalog.enabled = incremental

@@ -230,7 +230,7 @@ def _wordle_app(tmp_path: object) -> tuple[object, object, object]:
 
     server = WordleResourcesServer.model_construct(session_state={}, config=SimpleNamespace(name="wordle"))
     app = server.setup_webserver()
-    participant = attach(server, app, token="t0k", store=str(tmp_path))
+    participant = attach(server, app, token="wordle-test-token-0123456789", store=str(tmp_path))
     return server, participant, TestClient(app)
 
 
