@@ -30,24 +30,19 @@ class ReferringArchive:
     manifest: ComponentManifest
     _resolver_cache: ReferenceResolver | None
 
-    # provided by the reader
-    def key_of(self, relative: str) -> str:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by RawArchiveReader, which this mixes into
 
-    def _member_index(self) -> MemberIndex:
-        raise NotImplementedError
+        def key_of(self, relative: str) -> str: ...
 
-    def _checked_object(self, relative: str, size: int, sha256: str, what: str) -> bytes:
-        raise NotImplementedError
+        def _member_index(self) -> MemberIndex: ...
 
-    def _open_pinned(self, store: ObjectStore, prefix: str, sha256: str) -> StoredArchive:
-        raise NotImplementedError
+        def _checked_object(self, relative: str, size: int, sha256: str, what: str) -> bytes: ...
 
-    def check_stored(self) -> list[IntegrityError]:
-        raise NotImplementedError
+        def _open_pinned(self, store: ObjectStore, prefix: str, sha256: str) -> StoredArchive: ...
 
-    def read_rows(self, shard_no: int, row_group: int, rows: list[int]) -> list[Any]:
-        raise NotImplementedError
+        def check_stored(self) -> list[IntegrityError]: ...
+
+        def read_rows(self, shard_no: int, row_group: int, rows: list[int]) -> list[Any]: ...
 
     def _resolver(self) -> ReferenceResolver:
         """Version 2: the digest-checked reference table and the bases it points into (empty for

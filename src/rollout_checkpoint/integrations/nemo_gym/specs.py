@@ -84,25 +84,23 @@ class SessionSpec:
         self.sessions(server).pop(session_id, None)
 
 
-BLACKJACK = SessionSpec(
-    name="blackjack",
-    server_class="resources_servers.blackjack.app:BlackjackEnv",
-    state_attr="session_state",
-    codec=BlackjackCodec(),
-    open_routes=frozenset({"/reset"}),
-    mutate_routes=frozenset({"/step"}),
-    close_routes=frozenset({"/close"}),
-)
+def _gymnasium_spec(name: str, server_class: str, codec: StateCodec) -> SessionSpec:
+    """A spec for a Gym ``GymnasiumServer``: ``/reset`` opens a session, ``/step`` mutates it,
+    ``/close`` ends it; the state lives in its ``session_state`` dict."""
+    return SessionSpec(
+        name=name,
+        server_class=server_class,
+        state_attr="session_state",
+        codec=codec,
+        open_routes=frozenset({"/reset"}),
+        mutate_routes=frozenset({"/step"}),
+        close_routes=frozenset({"/close"}),
+    )
 
-WORDLE = SessionSpec(
-    name="wordle",
-    server_class="resources_servers.wordle.app:WordleResourcesServer",
-    state_attr="session_state",
-    codec=WordleCodec(),
-    open_routes=frozenset({"/reset"}),
-    mutate_routes=frozenset({"/step"}),
-    close_routes=frozenset({"/close"}),
-)
+
+BLACKJACK = _gymnasium_spec("blackjack", "resources_servers.blackjack.app:BlackjackEnv", BlackjackCodec())
+
+WORDLE = _gymnasium_spec("wordle", "resources_servers.wordle.app:WordleResourcesServer", WordleCodec())
 
 COUNTER = SessionSpec(
     name="example_session_state_mgmt",
