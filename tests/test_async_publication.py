@@ -145,7 +145,11 @@ def test_the_async_step_list_covers_every_new_step() -> None:
     assert sum(s.endswith("/manifest.json") for s in ASYNC_STEPS) == 4
 
 
-@pytest.mark.parametrize("step", ASYNC_STEPS, ids=[s.split("/")[-1][:40] for s in ASYNC_STEPS])
+# sorted: the first-seen order varies with the upload threads, and every pytest-xdist worker must
+# collect the same tests in the same order
+@pytest.mark.parametrize(
+    "step", sorted(ASYNC_STEPS), ids=[s.split("/")[-1][:40] for s in sorted(ASYNC_STEPS)]
+)
 def test_fault_at_every_async_step(step: str) -> None:
     store = memory_store("async")
     tokens = FakeTokens(store)
