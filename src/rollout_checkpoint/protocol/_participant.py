@@ -63,6 +63,7 @@ class Participant(CommitRestore, abc.ABC):
                     phase=self._phase.value,
                 )
             self._extend_lease(deadline)
+            self._waiting += 1
             try:
                 with operation(Span.participant("wait_ready")):
                     return self._wait_ready(checkpoint_id, deadline, cancel)
@@ -70,6 +71,8 @@ class Participant(CommitRestore, abc.ABC):
                 if self._active == checkpoint_id and self._phase is Phase.PREPARING:
                     self._end_checkpoint("prepare failed")
                 raise
+            finally:
+                self._waiting -= 1
 
     @participant_operation("resume")
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:

@@ -93,6 +93,7 @@ class PhaseMachine:
         # the attempts it installed), so ``abort_restore`` can put everything back
         self._restore_undo: tuple[str, dict[str, int], tuple[ExecutionId, ...]] | None = None
         self._live: dict[str, ExecutionId] = {}
+        self._waiting = 0  # prepares inside their wait right now (each holds a thread)
         self._effects: dict[str, list[UnsafeEffect]] = {}
         self._uploads = Uploads(f"{kind}/{instance}", self._clock)
 
@@ -123,6 +124,7 @@ class PhaseMachine:
                 live=len(self._live),
                 tombstones=len(self.fence),
                 uploading=self._uploads.running(),
+                waiting=self._waiting,
             )
 
     @property
