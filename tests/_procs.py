@@ -145,7 +145,7 @@ class WorkerServer:
 
         import httpx
 
-        end = time.monotonic() + 90
+        end = time.monotonic() + 180  # a loaded machine may take minutes to start two workers
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-2000:]}")

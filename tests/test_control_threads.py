@@ -19,7 +19,12 @@ from _http import served
 from _protocol_fakes import ScriptedParticipant, ex
 from rollout_checkpoint.errors import DeadlineTooFarError
 from rollout_checkpoint.protocol import MAX_DEADLINE_SECONDS, Cancellation
-from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, control_app
+from rollout_checkpoint.server import (
+    CHECKPOINT_ROUTE_PREFIX,
+    ParticipantUnreachableError,
+    RemoteParticipant,
+    control_app,
+)
 from rollout_checkpoint.server._router import CONTROL_THREADS
 from rollout_checkpoint.store import LocalStore
 
@@ -192,3 +197,35 @@ def test_a_cancelled_prepare_answers_not_ready_at_once_in_process() -> None:
     assert participant.prepare("ck-4", time.time() + 60, cancel=late).ready is False
     assert participant.events["prepare_cancelled"] == 2
     participant.close()
+
+
+def test_a_cancellable_remote_prepare_waits_in_slices_and_lets_go(
+    base: tuple[str, ScriptedParticipant],
+) -> None:
+    url, participant = base
+    server = url[: -len(CHECKPOINT_ROUTE_PREFIX)]
+    cancel = Cancellation()
+    answer: list[object] = []
+    with RemoteParticipant(server, token=TOKEN) as remote:
+        waiter = threading.Thread(
+            target=lambda: answer.append(remote.prepare("ck-5", time.time() + 60, cancel=cancel))
+        )
+        waiter.start()
+        # the same prepare is repeated after every slice: the server saw more than one
+        _until(lambda: participant.events["prepare_cancelled"] >= 2, "a second slice")
+        assert participant.status().waiting == 1 and waiter.is_alive()
+        cancel.cancel()
+        waiter.join(10)
+        [report] = answer
+        assert report.ready is False and "cancelled" in report.blockers[0]  # type: ignore[attr-defined]
+        _until(lambda: participant.status().waiting == 0, "the server's wait ended too")
+        participant.set_blockers([])  # ready within a slice: the answer comes at once
+        assert remote.prepare("ck-5", time.time() + 60, cancel=Cancellation()).ready
+
+
+def test_a_cancellable_remote_prepare_to_a_dead_server_is_unreachable() -> None:
+    with (
+        RemoteParticipant("http://127.0.0.1:9", token=TOKEN, attempts=2) as remote,
+        pytest.raises(ParticipantUnreachableError),
+    ):
+        remote.prepare("ck-6", time.time() + 60, cancel=Cancellation())  # no loop on a dead server

@@ -75,6 +75,10 @@ def test_resume_racing_a_commit_on_two_workers_leaves_every_phase_consistent(tmp
                         result,
                     )
                     outcomes["stale"] += 1
+                # a commit after the resume (a retry, a late copy) is stale, never not_found
+                with pytest.raises(CheckpointError) as late:
+                    control.commit(cid, store, deadline, scope)
+                assert late.value.code == "stale_checkpoint", (race, late.value)
                 status = control.status()
                 assert (status.phase.value, status.checkpoint_id, status.accepting, status.workers) == (
                     "idle",

@@ -110,8 +110,7 @@ class JsonClient:
         """One idempotent call, retried until ``deadline``; with ``answer_by`` (earlier than the
         deadline) the wait for the answer ends then, with :class:`SliceEnded`."""
         end = deadline if deadline is not None else self.clock() + self.default_timeout_s
-        if answer_by is not None and answer_by < end:
-            return self._once(method, path, body, reply, answer_by, margin=0.0, slice_end=answer_by)
+        slice_end = answer_by if answer_by is not None and answer_by < end else None
 
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts) | _StopAt(self.clock, end),
@@ -122,7 +121,7 @@ class JsonClient:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._once(method, path, body, reply, end)
+                    return self._once(method, path, body, reply, end, slice_end=slice_end)
         except _Transient as exc:
             if deadline is not None and self.clock() >= deadline:
                 raise DeadlineExceededError(
@@ -143,20 +142,20 @@ class JsonClient:
         reply: type[M],
         end: float,
         *,
-        margin: float | None = None,
         slice_end: float | None = None,
     ) -> M:
-        timeout = max(0.05, end - self.clock()) + (self.answer_margin_s if margin is None else margin)
+        if slice_end is None:
+            timeout = max(0.05, end - self.clock()) + self.answer_margin_s
+        else:  # only this long for the answer; connecting and sending keep their own time
+            timeout = max(0.05, slice_end - self.clock())
         try:
             headers = inject({})  # W3C trace context: the server's spans join the caller's trace
             response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
-        except httpx.TimeoutException as exc:
-            if slice_end is not None:
+        except httpx.ReadTimeout as exc:
+            if slice_end is not None:  # no answer within the slice: the caller repeats the call
                 raise SliceEnded(path) from exc
             raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
-        except httpx.TransportError as exc:
-            if slice_end is not None:  # the caller repeats the call within its own deadline
-                raise SliceEnded(path) from exc
+        except httpx.TransportError as exc:  # unreachable: retried, then participant_unreachable
             raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
         if response.status_code in _RETRY_STATUSES:
             raise _Transient(f"HTTP {response.status_code}")
