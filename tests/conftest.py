@@ -44,6 +44,17 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, timeout: fl
     raise RuntimeError("moto_server did not start listening in time")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_server_group_left() -> Iterator[None]:
+    """A test that failed before its teardown leaves no ``serve`` process group behind (its
+    workers included): every group ``_procs.start_group`` started and no teardown killed is
+    SIGKILLed when the session ends (module-scoped servers live across tests until then)."""
+    yield
+    from _procs import kill_started_groups
+
+    kill_started_groups()
+
+
 @pytest.fixture(autouse=True)
 def _drop_finished_spans() -> Iterator[None]:
     """Once a test installed the OpenTelemetry SDK (``tests/_telemetry.py``, one per process),

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from _async_build import HOLD_ENV
+from _procs import kill_group, start_group
 from _protocol_fakes import ScriptedParticipant, latest_id
 from conftest import _free_port
 from rollout_checkpoint.coordinator import Coordinator
@@ -49,7 +50,7 @@ def _server(store: Path, workers: int, hold: Path) -> Iterator[tuple[str, subpro
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = (store.parent / f"server-{port}.log").open("wb")
-    proc = subprocess.Popen(
+    proc = start_group(
         [
             sys.executable,
             str(HERE / "_serve_main.py"),
@@ -61,7 +62,6 @@ def _server(store: Path, workers: int, hold: Path) -> Iterator[tuple[str, subpro
         env={**os.environ, "ROLLOUT_CHECKPOINT_TOKEN": TOKEN, HOLD_ENV: str(hold)},
         stdout=subprocess.DEVNULL,
         stderr=log,
-        start_new_session=True,
     )
     try:
         end = time.monotonic() + 90
@@ -75,9 +75,7 @@ def _server(store: Path, workers: int, hold: Path) -> Iterator[tuple[str, subpro
             time.sleep(0.1)
         yield url, proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_group(proc)
         log.close()
 
 

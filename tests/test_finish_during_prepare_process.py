@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from _procs import start_group
 from conftest import _free_port
 from rollout_checkpoint.coordinator import CheckpointOutcome, Coordinator
 from rollout_checkpoint.errors import CheckpointError
@@ -74,7 +75,7 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
         for kind, build in BUILDS.items():
             port = _free_port()
             procs.append(
-                subprocess.Popen(
+                start_group(
                     [
                         sys.executable,
                         str(HERE / "_serve_main.py"),
@@ -86,7 +87,6 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
-                    start_new_session=True,
                 )
             )
             urls[kind] = f"http://127.0.0.1:{port}"

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from _procs import kill_mentioning
+from _procs import kill_group, kill_mentioning, start_group
 from conftest import _free_port
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.format.commit_log import list_published
@@ -90,12 +90,11 @@ def test_the_multi_process_demo_on_s3_continues_after_the_agent_server_is_killed
 def _serve(tmp_path: Path, endpoint: str, url: str, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     env = {**_env(tmp_path, endpoint), "ROLLOUT_CHECKPOINT_TOKEN": TOKEN}
-    proc = subprocess.Popen(
+    proc = start_group(
         [CLI, "serve", "resources", "--store", url, "--port", str(port), "--workers", "2", *flags],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        start_new_session=True,
     )
     return proc, port
 
@@ -107,6 +106,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+    kill_group(proc)  # any worker the main process left behind
 
 
 def test_a_server_refuses_a_non_atomic_s3_endpoint_unless_the_risk_is_accepted(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from _procs import WorkerServer, worker_server
 from _protocol_fakes import ScriptedParticipant, ex
-from conftest import _free_port
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.format.commit_log import list_published
@@ -26,7 +24,6 @@ from rollout_checkpoint.format.layout import component_prefix
 from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
-    CHECKPOINT_ROUTE_PREFIX,
     STAGING_PREFIX,
     VIA_HEADER,
     ParticipantUnreachableError,
@@ -43,58 +40,10 @@ HERE = Path(__file__).parent
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-class Server:
-    """``_serve_main.py`` with N workers in its own process group (killed as a whole)."""
-
-    def __init__(self, store: Path, workers: int) -> None:
-        self.port = _free_port()
-        self.log = (store.parent / f"server-{self.port}.log").open("wb")
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "_serve_main.py"),
-                "_worker_build:build",
-                str(store),
-                str(self.port),
-                str(workers),
-            ],
-            env={**os.environ, "ROLLOUT_CHECKPOINT_TOKEN": TOKEN},
-            stdout=subprocess.DEVNULL,
-            stderr=self.log,  # a file, not a pipe: a chatty server never blocks on it
-            start_new_session=True,
-        )
-        self.wait_workers(workers)
-
-    def status(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}{CHECKPOINT_ROUTE_PREFIX}/status", headers=AUTH, timeout=30)
-        return dict(response.json()) if response.status_code == 200 else {}
-
-    def wait_workers(self, count: int) -> None:
-        end = time.monotonic() + 90
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-2000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if self.status().get("workers") == count:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"server did not get {count} workers")
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        self.log.close()
-
-
 @contextlib.contextmanager
-def server(store: Path, workers: int = 2) -> Iterator[Server]:
-    s = Server(store, workers)
-    try:
+def server(store: Path, workers: int = 2) -> Iterator[WorkerServer]:
+    with worker_server(store, workers, token=TOKEN) as s:
         yield s
-    finally:
-        s.kill()
 
 
 def _boundary(rollout_id: str, revision: int) -> AgentBoundaryRecord:

@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointRejectedError",
     "ConditionalWriteUnsupportedError",
     "DeadlineExceededError",
+    "DeadlineTooFarError",
     "GenerationCutError",
     "IdentityConflictError",
     "IntegrityError",
@@ -253,6 +254,13 @@ class DeadlineExceededError(CheckpointError):
     """The operation's absolute deadline passed before it could finish."""
 
     code = "deadline_exceeded"
+
+
+class DeadlineTooFarError(InvalidValueError):
+    """A deadline further ahead than the participant accepts (its ``max_deadline_seconds``):
+    nothing changed. A participant never holds admission closed on a client's say-so for longer."""
+
+    code = "deadline_too_far"
 
 
 class AdmissionClosedError(CheckpointError):

@@ -42,6 +42,7 @@ in-lock operations, the class kinds subclass).
 
 from __future__ import annotations
 
+from ._cancel import Cancellation
 from ._hooks import (
     BLOCKERS_REPORTED,
     Export,
@@ -55,7 +56,7 @@ from ._hooks import (
     wrong_kind,
 )
 from ._idempotency import RESUMED_IDS_KEPT
-from ._lease import DEFAULT_LEASE_GRACE_SECONDS
+from ._lease import DEFAULT_LEASE_GRACE_SECONDS, MAX_DEADLINE_SECONDS
 from ._participant import Participant
 from ._types import (
     CONTROL_SCHEMA_VERSION,
@@ -83,6 +84,7 @@ __all__ = [
     "AsyncParticipantControl",
     "BLOCKERS_REPORTED",
     "CONTROL_SCHEMA_VERSION",
+    "Cancellation",
     "Capabilities",
     "CheckpointMode",
     "CommitReply",
@@ -90,6 +92,7 @@ __all__ = [
     "DEFAULT_LEASE_GRACE_SECONDS",
     "Export",
     "ExportRecords",
+    "MAX_DEADLINE_SECONDS",
     "PREPARE_ORDER",
     "Participant",
     "ParticipantControl",

@@ -63,7 +63,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         mode first waits (until ``deadline``) for a previous checkpoint's upload to end.
         """
         validate_id(checkpoint_id, "checkpoint_id")
-        check_deadline(deadline, self._clock(), "commit")
+        check_deadline(deadline, self._clock(), "commit", limit=self.max_deadline_seconds)
         if publication not in ("sync", "async"):
             raise ValueError(f"publication must be 'sync' or 'async', not {publication!r}")
         scope_set = frozenset(scope) if scope is not None else None
@@ -72,7 +72,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
             self._uploads.wait_others(checkpoint_id, deadline)
             with self._cond:
                 self._check_lease()
-                check_deadline(deadline, self._clock(), "commit")
+                check_deadline(deadline, self._clock(), "commit", limit=self.max_deadline_seconds)
                 self._refuse_stale(checkpoint_id)
                 if self._active is None:
                     raise InvalidPhaseError(f"commit {checkpoint_id}: prepare it first", phase="idle")
@@ -179,7 +179,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         ``publication_failed`` if the upload failed or was cancelled, ``publication_unknown``
         if this participant never froze ``checkpoint_id`` (or restarted since)."""
         validate_id(checkpoint_id, "checkpoint_id")
-        check_deadline(deadline, self._clock(), "collect")
+        check_deadline(deadline, self._clock(), "collect", limit=self.max_deadline_seconds)
         return self._uploads.collect(checkpoint_id, deadline)
 
     @participant_operation("restore")
@@ -200,13 +200,13 @@ class CommitRestore(AdmissionGate, abc.ABC):
         """
         validate_id(checkpoint_id, "checkpoint_id")
         validate_id(source_checkpoint_id, "source_checkpoint_id")
-        check_deadline(deadline, self._clock(), "restore")
+        check_deadline(deadline, self._clock(), "restore", limit=self.max_deadline_seconds)
         scope_set = frozenset(scope) if scope is not None else None
         self._acquire_gate(deadline, "restore")
         try:
             with self._cond:
                 self._check_lease()
-                check_deadline(deadline, self._clock(), "restore")
+                check_deadline(deadline, self._clock(), "restore", limit=self.max_deadline_seconds)
                 self._refuse_stale(checkpoint_id)
                 if self._active == checkpoint_id and self._replies.restore is not None:
                     if self._replies.restore.source_checkpoint_id != source_checkpoint_id:

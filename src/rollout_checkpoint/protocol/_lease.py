@@ -6,21 +6,34 @@ import math
 import threading
 from collections.abc import Callable
 
-from ..errors import DeadlineExceededError
+from ..errors import DeadlineExceededError, DeadlineTooFarError
 
-__all__ = ["DEFAULT_LEASE_GRACE_SECONDS", "Lease", "check_deadline"]
+__all__ = ["DEFAULT_LEASE_GRACE_SECONDS", "MAX_DEADLINE_SECONDS", "Lease", "check_deadline"]
 
 DEFAULT_LEASE_GRACE_SECONDS = 600.0
 
+MAX_DEADLINE_SECONDS = 3600.0
+"""The furthest ahead a deadline of prepare, renew, commit, collect or restore may lie (a
+participant's ``max_deadline_seconds``, this by default): those hold admission closed, a control
+thread or the lease until their deadline, so a client cannot pause a participant for a day."""
 
-def check_deadline(deadline: float, now: float, operation: str) -> None:
-    """Every control operation carries an absolute deadline; an expired one changes nothing."""
+
+def check_deadline(deadline: float, now: float, operation: str, *, limit: float | None = None) -> None:
+    """Every control operation carries an absolute deadline; an expired one changes nothing,
+    and so does one more than ``limit`` seconds ahead (``deadline_too_far``)."""
     if isinstance(deadline, bool) or not isinstance(deadline, int | float) or math.isnan(deadline):
         raise DeadlineExceededError(f"{operation}: deadline must be epoch seconds, got {deadline!r}")
     if deadline <= now:
         raise DeadlineExceededError(
             f"{operation}: deadline {deadline:.3f} already passed (now {now:.3f}); nothing changed",
             deadline=deadline,
+        )
+    if limit is not None and deadline - now > limit:
+        raise DeadlineTooFarError(
+            f"{operation}: deadline {deadline - now:.0f} s ahead; this participant accepts at most "
+            f"{limit:g} s (max_deadline_seconds); nothing changed",
+            deadline=deadline,
+            limit=limit,
         )
 
 

@@ -18,6 +18,7 @@ from ..errors import InvalidPhaseError
 from ..format.fencing import AttemptFence
 from ..ids import ExecutionId, validate_id
 from ..telemetry import Span, operation, participant_operation
+from ._cancel import Cancellation
 from ._commit_restore import CommitRestore
 from ._hooks import BLOCKERS_REPORTED, execution_key
 from ._lease import check_deadline
@@ -31,18 +32,24 @@ class Participant(CommitRestore, abc.ABC):
 
     # -- control operations ---------------------------------------------------------------------
     @participant_operation("prepare")
-    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+    def prepare(
+        self, checkpoint_id: str, deadline: float, *, cancel: Cancellation | None = None
+    ) -> PrepareReport:
         """Close admission, wait (until ``deadline``) for accepted work to reach a safe boundary.
 
         Not ready by the deadline is an answer (``ready=False``), not an error: admission stays
         closed until resume (or lease expiry). A repeat for the same id waits again, or returns
-        the cached report once ready.
+        the cached report once ready. A deadline more than ``max_deadline_seconds`` ahead is
+        ``deadline_too_far`` (nothing changes). ``cancel`` (the caller went away) ends the wait
+        at once with the not-ready answer, the thread freed; nothing else changes.
         """
         validate_id(checkpoint_id, "checkpoint_id")
+        if cancel is not None:
+            cancel.on_cancel(self._wake)
         with self._cond:
             now = self._clock()
             self._check_lease()
-            check_deadline(deadline, now, "prepare")
+            check_deadline(deadline, now, "prepare", limit=self.max_deadline_seconds)
             self._refuse_stale(checkpoint_id)
             if self._active is None:
                 self._active = checkpoint_id
@@ -56,13 +63,16 @@ class Participant(CommitRestore, abc.ABC):
                     phase=self._phase.value,
                 )
             self._extend_lease(deadline)
+            self._waiting += 1
             try:
                 with operation(Span.participant("wait_ready")):
-                    return self._wait_ready(checkpoint_id, deadline)
+                    return self._wait_ready(checkpoint_id, deadline, cancel)
             except BaseException:
                 if self._active == checkpoint_id and self._phase is Phase.PREPARING:
                     self._end_checkpoint("prepare failed")
                 raise
+            finally:
+                self._waiting -= 1
 
     @participant_operation("resume")
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
@@ -128,7 +138,7 @@ class Participant(CommitRestore, abc.ABC):
         validate_id(checkpoint_id, "checkpoint_id")
         with self._cond:
             self._check_lease()
-            check_deadline(deadline, self._clock(), "renew")
+            check_deadline(deadline, self._clock(), "renew", limit=self.max_deadline_seconds)
             self._refuse_stale(checkpoint_id)
             if self._active != checkpoint_id:
                 raise self._conflict(checkpoint_id, "renew")
@@ -201,7 +211,13 @@ class Participant(CommitRestore, abc.ABC):
         """
 
     # -- internals ----------------------------------------------------------------------------
-    def _wait_ready(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+    def _wake(self) -> None:
+        with self._cond:
+            self._changed()
+
+    def _wait_ready(
+        self, checkpoint_id: str, deadline: float, cancel: Cancellation | None = None
+    ) -> PrepareReport:
         while True:
             if self._active != checkpoint_id:
                 # The checkpoint ended (resume or lease expiry) while this prepare waited.
@@ -222,6 +238,9 @@ class Participant(CommitRestore, abc.ABC):
             if ready:
                 self._phase = Phase.PREPARED
                 self._replies.prepare = report
+                return report
+            if cancel is not None and cancel.cancelled:
+                self.events["prepare_cancelled"] += 1
                 return report
             remaining = deadline - self._clock()
             if remaining <= 0:

@@ -29,7 +29,7 @@ from ..format.fencing import AttemptFence
 from ..ids import ExecutionId, validate_id
 from ..telemetry import log_fields
 from ._idempotency import ReplyCache, ResumedIds
-from ._lease import DEFAULT_LEASE_GRACE_SECONDS, Lease
+from ._lease import DEFAULT_LEASE_GRACE_SECONDS, MAX_DEADLINE_SECONDS, Lease
 from ._publication import Uploads
 from ._types import (
     Capabilities,
@@ -60,9 +60,14 @@ class PhaseMachine:
         concurrency: ConcurrencyContract = "per_session_serialized",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
+        max_deadline_seconds: float = MAX_DEADLINE_SECONDS,
     ) -> None:
         if lease_grace_seconds < 0:
             raise ValueError("lease_grace_seconds must be >= 0")
+        if not max_deadline_seconds > 0:
+            raise ValueError("max_deadline_seconds must be > 0")
+        # how far ahead a prepare/renew/commit/collect/restore deadline may lie (deadline_too_far)
+        self.max_deadline_seconds = float(max_deadline_seconds)
         self._capabilities = Capabilities(
             kind=kind,
             instance=validate_id(instance, "instance"),
@@ -88,6 +93,7 @@ class PhaseMachine:
         # the attempts it installed), so ``abort_restore`` can put everything back
         self._restore_undo: tuple[str, dict[str, int], tuple[ExecutionId, ...]] | None = None
         self._live: dict[str, ExecutionId] = {}
+        self._waiting = 0  # prepares inside their wait right now (each holds a thread)
         self._effects: dict[str, list[UnsafeEffect]] = {}
         self._uploads = Uploads(f"{kind}/{instance}", self._clock)
 
@@ -118,6 +124,7 @@ class PhaseMachine:
                 live=len(self._live),
                 tombstones=len(self.fence),
                 uploading=self._uploads.running(),
+                waiting=self._waiting,
             )
 
     @property

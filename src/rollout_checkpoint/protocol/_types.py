@@ -109,6 +109,7 @@ class ParticipantStatus(_Model):
         default=(), description="checkpoints whose asynchronous upload still runs here"
     )
     workers: int = Field(default=1, ge=0, description="worker processes whose answers are merged here")
+    waiting: int = Field(default=0, ge=0, description="prepares waiting for readiness here right now")
 
 
 class UnsafeEffect(_Model):

@@ -18,16 +18,18 @@ import httpx
 
 from ..ids import ExecutionId
 from ..protocol import (
+    Cancellation,
     Capabilities,
     CommitReply,
     ParticipantStatus,
+    Phase,
     PrepareReport,
     Publication,
     RestoreReply,
     ResumeReply,
 )
 from ..store import ObjectStore
-from ._http import JsonClient
+from ._http import JsonClient, SliceEnded
 from ._wire import (
     CHECKPOINT_ROUTE_PREFIX,
     ForgetReply,
@@ -36,7 +38,11 @@ from ._wire import (
     RetireReply,
 )
 
-__all__ = ["RemoteParticipant"]
+__all__ = ["PREPARE_SLICE_SECONDS", "RemoteParticipant"]
+
+PREPARE_SLICE_SECONDS = 1.0
+"""How long a cancellable remote prepare waits for an answer before it repeats the call (and how
+long, at most, it keeps a server waiting after its own caller went away)."""
 
 
 class RemoteParticipant:
@@ -111,9 +117,30 @@ class RemoteParticipant:
         self._capabilities = reply.capabilities
         return reply
 
-    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+    def prepare(
+        self, checkpoint_id: str, deadline: float, *, cancel: Cancellation | None = None
+    ) -> PrepareReport:
+        """The remote prepare. With ``cancel`` (a router running this on behalf of a client that
+        may go away: a worker frontend, a worker group), the wait for the answer is cut into
+        slices of :data:`PREPARE_SLICE_SECONDS`: the same prepare (same id and deadline,
+        idempotent) is repeated after each until ``cancel`` is cancelled, when this answers not
+        ready; the connection a slice gives up lets the server cancel its own wait."""
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
-        return self._http.call("POST", "/prepare", body, PrepareReport, deadline)
+        if cancel is None:
+            return self._http.call("POST", "/prepare", body, PrepareReport, deadline)
+        while not cancel.cancelled:
+            answer_by = self._http.clock() + PREPARE_SLICE_SECONDS
+            try:
+                return self._http.call("POST", "/prepare", body, PrepareReport, deadline, answer_by=answer_by)
+            except SliceEnded:
+                continue
+        return PrepareReport(
+            checkpoint_id=checkpoint_id,
+            phase=Phase.PREPARING,
+            ready=False,
+            blockers=(f"{self.name}: prepare cancelled (its caller went away)",),
+            blocker_count=1,
+        )
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}

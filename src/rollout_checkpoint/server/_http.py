@@ -22,7 +22,7 @@ from ..telemetry import inject
 from ._token_rules import check_sendable_token
 from ._wire import ParticipantUnreachableError, error_from_wire
 
-__all__ = ["JsonClient"]
+__all__ = ["JsonClient", "SliceEnded"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,6 +36,11 @@ class _Transient(Exception):
         super().__init__(reason)
         self.reason = reason
         self.cause = cause
+
+
+class SliceEnded(Exception):
+    """No answer by a call's ``answer_by``: the request was given up (the connection closed, so
+    the server stops the work if it watches for that); the caller may repeat it."""
 
 
 class _StopAt(stop_base):
@@ -93,9 +98,19 @@ class JsonClient:
         self._client.close()
 
     def call(
-        self, method: str, path: str, body: dict[str, Any] | None, reply: type[M], deadline: float | None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        reply: type[M],
+        deadline: float | None,
+        *,
+        answer_by: float | None = None,
     ) -> M:
+        """One idempotent call, retried until ``deadline``; with ``answer_by`` (earlier than the
+        deadline) the wait for the answer ends then, with :class:`SliceEnded`."""
         end = deadline if deadline is not None else self.clock() + self.default_timeout_s
+        slice_end = answer_by if answer_by is not None and answer_by < end else None
 
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts) | _StopAt(self.clock, end),
@@ -106,7 +121,7 @@ class JsonClient:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._once(method, path, body, reply, end)
+                    return self._once(method, path, body, reply, end, slice_end=slice_end)
         except _Transient as exc:
             if deadline is not None and self.clock() >= deadline:
                 raise DeadlineExceededError(
@@ -119,12 +134,28 @@ class JsonClient:
             ) from exc.cause
         raise AssertionError("unreachable")  # pragma: no cover - tenacity either returns or raises
 
-    def _once(self, method: str, path: str, body: dict[str, Any] | None, reply: type[M], end: float) -> M:
-        timeout = max(0.05, end - self.clock()) + self.answer_margin_s
+    def _once(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        reply: type[M],
+        end: float,
+        *,
+        slice_end: float | None = None,
+    ) -> M:
+        if slice_end is None:
+            timeout = max(0.05, end - self.clock()) + self.answer_margin_s
+        else:  # only this long for the answer; connecting and sending keep their own time
+            timeout = max(0.05, slice_end - self.clock())
         try:
             headers = inject({})  # W3C trace context: the server's spans join the caller's trace
             response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
-        except httpx.TransportError as exc:
+        except httpx.ReadTimeout as exc:
+            if slice_end is not None:  # no answer within the slice: the caller repeats the call
+                raise SliceEnded(path) from exc
+            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
+        except httpx.TransportError as exc:  # unreachable: retried, then participant_unreachable
             raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
         if response.status_code in _RETRY_STATUSES:
             raise _Transient(f"HTTP {response.status_code}")

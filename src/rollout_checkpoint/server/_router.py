@@ -9,12 +9,14 @@ The router needs no app-level exception handlers: its route class turns every re
 ``{"error": {"code", "detail"}}`` itself (401 unauthorized, 422 malformed body, 409 protocol
 refusal, 503 transient store failure), so it behaves the same in any app that mounts it.
 Blocking participant operations (prepare waits, commit exports) run in worker threads, never
-on the event loop.
+on the event loop. A prepare whose client disconnects stops waiting at once (its thread is
+freed; see :class:`~rollout_checkpoint.protocol.Cancellation`).
 """
 
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
@@ -32,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import CheckpointError
 from ..protocol import (
     AsyncParticipantControl,
+    Cancellation,
     CommitReply,
     ParticipantControl,
     ParticipantStatus,
@@ -83,6 +86,9 @@ collect, restore: a prepare holds one until it is ready)."""
 QUICK_THREADS = 8
 """Worker threads of their own for the operations that never wait (status, resume, renew,
 abort-restore, retire, forget), so a pile of parked prepares can never lock out the abort."""
+
+DISCONNECT_POLL_SECONDS = 0.1
+"""How often a waiting prepare checks that its client is still connected."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorReply, "description": "missing or wrong bearer token; nothing applied"},
@@ -244,9 +250,28 @@ def checkpoint_router(
     async def status() -> ParticipantStatus:
         return await quick(participant.status)
 
+    cancellable = "cancel" in inspect.signature(participant.prepare).parameters
+
     @router.post("/prepare", response_model=PrepareReport, summary="close admission, wait for boundaries")
-    async def prepare(body: CheckpointRequest) -> PrepareReport:
-        return await blocking(participant.prepare, body.checkpoint_id, body.deadline_ts)
+    async def prepare(body: CheckpointRequest, request: Request) -> PrepareReport:
+        if not cancellable:
+            return await blocking(participant.prepare, body.checkpoint_id, body.deadline_ts)
+        cancel = Cancellation()
+        call: Callable[[str, float], PrepareReport] = partial(participant.prepare, cancel=cancel)  # type: ignore[call-arg]
+        report: PrepareReport | None = None
+        error: Exception | None = None
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(_cancel_on_disconnect, request, cancel)
+            try:
+                report = await blocking(call, body.checkpoint_id, body.deadline_ts)
+            except Exception as exc:  # raised as is below, not wrapped in an exception group
+                error = exc
+            finally:
+                watching.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        assert report is not None
+        return report
 
     @router.post("/renew", response_model=RenewReply, summary="extend the active checkpoint's lease")
     async def renew(body: CheckpointRequest) -> RenewReply:
@@ -305,6 +330,13 @@ def checkpoint_router(
         return ForgetReply(forgotten=len(body.rollout_ids))
 
     return router
+
+
+async def _cancel_on_disconnect(request: Request, cancel: Cancellation) -> None:
+    """Cancel ``cancel`` (in a thread: it takes the participant's lock) once the client is gone."""
+    while not await request.is_disconnected():
+        await anyio.sleep(DISCONNECT_POLL_SECONDS)
+    await anyio.to_thread.run_sync(cancel.cancel)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -9,7 +9,10 @@ own private socket (for the group and for forwarded sessions), registers with th
 serves the shared port through a :class:`~rollout_checkpoint.server._routing.WorkerFrontend`.
 
 The control token comes from the ``ROLLOUT_CHECKPOINT_TOKEN`` environment variable in worker
-processes (it is never put on a command line).
+processes (it is never put on a command line). The private sockets live in a scratch folder
+(:class:`~rollout_checkpoint.server._scratch.ScratchFolder`) that a SIGKILLed server's
+replacement removes. A build function whose answer is not a :class:`ServedApp` stops the whole
+server with one error in the main process (the workers report it over the group socket).
 
 A server checks its store when it starts, before it listens: conditional puts must be atomic
 there (an S3 endpoint is probed, once per process) unless ``accept_unsafe_store`` accepts the
@@ -20,9 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
-import shutil
-import tempfile
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +36,7 @@ import httpx
 import uvicorn
 from fastapi import APIRouter, FastAPI, Query, Security
 from pydantic import BaseModel, ConfigDict, Field
+from uvicorn.config import STARTUP_FAILURE
 
 from ..errors import CheckpointError, InvalidArgumentError, UnknownExecutionError
 from ..ids import Identifier
@@ -42,6 +46,7 @@ from ..tokens import ObjectStoreTokenStore
 from ._client import RemoteParticipant
 from ._router import _route_class, _TokenCheck, checkpoint_router, install_participant
 from ._routing import OwnerSigner, Resolver, StampOwner, WorkerFrontend
+from ._scratch import ScratchFolder
 from ._token_rules import check_server_token
 from ._tokens import token_store_app
 from ._wire import CHECKPOINT_ROUTE_PREFIX
@@ -50,8 +55,10 @@ from ._workers import WorkerGroup
 __all__ = [
     "TOKEN_ENV",
     "UNSAFE_STORE_ENV",
+    "GroupStartup",
     "ServedApp",
     "WorkerContext",
+    "check_served",
     "group_app",
     "load_build",
     "run_server",
@@ -103,7 +110,12 @@ def load_build(spec: str) -> Build:
 def build_served(spec: str, context: WorkerContext) -> ServedApp:
     """Call the build function ``spec`` names; anything but a :class:`ServedApp` is one clear
     error naming the expected type (``serve`` prints it as one line)."""
-    served = load_build(spec)(context)
+    return check_served(spec, load_build(spec)(context))
+
+
+def check_served(spec: str, served: object) -> ServedApp:
+    """``served`` (what the build function ``spec`` returned), if it is a :class:`ServedApp` whose
+    participant is one; else :class:`~rollout_checkpoint.errors.InvalidArgumentError`."""
     if not isinstance(served, ServedApp):
         raise InvalidArgumentError(
             f"build function {spec!r} returned a {type(served).__name__}; it must return "
@@ -171,9 +183,48 @@ class _Address(BaseModel):
     pid: int
 
 
-def group_app(group: WorkerGroup, *, token: str, store: str | ObjectStore) -> FastAPI:
+class _Refusal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: Identifier
+    detail: str = Field(max_length=4000)
+
+
+class GroupStartup:
+    """What the workers of a group told its main process while starting: the first refusal of
+    the build function's answer (every worker would refuse it the same way, so the server stops
+    and the main process says it in one line instead of restarting workers in a loop)."""
+
+    def __init__(self, on_refusal: Callable[[], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._on_refusal = on_refusal
+        self.refusal: str | None = None
+
+    def refuse(self, detail: str) -> None:
+        with self._lock:
+            if self.refusal is not None:
+                return
+            self.refusal = detail
+        if self._on_refusal is not None:
+            self._on_refusal()
+
+
+class _HideStartupFailure(logging.Filter):
+    """uvicorn's own line about a worker that failed to start, once the group holds the reason."""
+
+    def __init__(self, startup: GroupStartup) -> None:
+        super().__init__()
+        self._startup = startup
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self._startup.refusal is None or "failed to start" not in record.getMessage()
+
+
+def group_app(
+    group: WorkerGroup, *, token: str, store: str | ObjectStore, startup: GroupStartup | None = None
+) -> FastAPI:
     """The group's private app: the control routes over the merged participant, plus the roster
-    routes the workers use (register, resolve an owner or a rollout)."""
+    routes the workers use (register, resolve an owner or a rollout, refuse the build's answer)."""
     check = _TokenCheck(token)
     app = FastAPI(title="rollout-checkpoint worker group")
     app.include_router(checkpoint_router(group, token=token, store=store))
@@ -197,6 +248,11 @@ def group_app(group: WorkerGroup, *, token: str, store: str | ObjectStore) -> Fa
         if found is None:
             raise UnknownExecutionError("no live worker holds that owner or rollout")
         return _Address(worker_id=found.worker_id, socket=found.socket, pid=found.pid)
+
+    @roster.post("/refused", status_code=204)
+    def refused(body: _Refusal) -> None:
+        if startup is not None:
+            startup.refuse(body.detail)
 
     app.include_router(roster)
     return app
@@ -229,11 +285,17 @@ def run_server(
         install_participant(served.app, served.participant, token=token, store=target)
         uvicorn.run(served.app, host=host, port=port, log_level=log_level)
         return
-    directory = tempfile.mkdtemp(prefix="rc-workers-")
+    scratch = ScratchFolder()  # removes the scratch folders of SIGKILLed servers first
+    directory = str(scratch.path)
     group = WorkerGroup(target, expected_workers=workers, token=token)
+    # a refusal stops the server at once (uvicorn's supervisor takes SIGTERM as "exit")
+    startup = GroupStartup(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    hide = _HideStartupFailure(startup)
+    uvicorn_log = logging.getLogger("uvicorn.error")
     try:
         with serve_thread(
-            group_app(group, token=token, store=target), uds=os.path.join(directory, _GROUP_SOCKET)
+            group_app(group, token=token, store=target, startup=startup),
+            uds=os.path.join(directory, _GROUP_SOCKET),
         ):
             os.environ.update(
                 {
@@ -245,6 +307,7 @@ def run_server(
                     UNSAFE_STORE_ENV: "1" if accept_unsafe_store else "0",
                 }
             )
+            uvicorn_log.addFilter(hide)
             uvicorn.run(
                 "rollout_checkpoint.server._serve:worker_app",
                 factory=True,
@@ -255,8 +318,11 @@ def run_server(
                 timeout_graceful_shutdown=5,
             )
     finally:
+        uvicorn_log.removeFilter(hide)
         group.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        scratch.close()
+    if startup.refusal is not None:  # the workers refused the build's answer: uvicorn stopped
+        raise InvalidArgumentError(startup.refusal)
 
 
 def run_token_server(
@@ -313,7 +379,16 @@ def worker_app() -> WorkerFrontend:
     store = _worker_store(os.environ[_STORE_ENV])
     workers = int(os.environ[_COUNT_ENV])
     worker_id = f"w{os.getpid()}"
-    served = build_served(os.environ[_BUILD_ENV], WorkerContext(worker_id, store, workers))
+    spec = os.environ[_BUILD_ENV]
+    group_socket = os.path.join(directory, _GROUP_SOCKET)
+    answer = load_build(spec)(WorkerContext(worker_id, store, workers))
+    try:
+        served = check_served(spec, answer)
+    except InvalidArgumentError as exc:
+        # every worker would refuse it alike: tell the main process, which stops the server
+        # (STARTUP_FAILURE) and says it in one line, instead of a loop of crashing workers
+        _refuse(group_socket, token, worker_id, exc.message)
+        raise SystemExit(STARTUP_FAILURE) from None
     caps = served.participant.capabilities()
     signer = OwnerSigner(token, f"{caps.kind}/{caps.instance}")
     # private socket: the worker's own participant (for the group) and forwarded sessions
@@ -324,7 +399,6 @@ def worker_app() -> WorkerFrontend:
     private = serve_thread(StampOwner(served.app, worker_id, signer), uds=socket)
     private.__enter__()
     _keep.append(private)
-    group_socket = os.path.join(directory, _GROUP_SOCKET)
     _register(group_socket, token, worker_id, socket, caps)
     group = RemoteParticipant("http://group", token=token, transport=httpx.HTTPTransport(uds=group_socket))
     control = FastAPI()
@@ -337,6 +411,19 @@ def worker_app() -> WorkerFrontend:
         signer=signer,
         resolver=Resolver(group_socket, token),
     )
+
+
+def _refuse(group_socket: str, token: str, worker_id: str, detail: str) -> None:
+    with (
+        contextlib.suppress(httpx.HTTPError),
+        httpx.Client(
+            transport=httpx.HTTPTransport(uds=group_socket, retries=5),
+            base_url="http://group",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        ) as client,
+    ):
+        client.post("/workers/refused", json={"worker_id": worker_id, "detail": detail[:4000]})
 
 
 def _register(group_socket: str, token: str, worker_id: str, socket: str, caps: Capabilities) -> None:

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..errors import (
     CheckpointError,
+    DeadlineTooFarError,
     IntegrityError,
     InvalidIdentifierError,
     InvalidRecordError,
@@ -167,6 +168,7 @@ class ErrorReply(_Body):
 
 
 _UNPROCESSABLE: tuple[type[CheckpointError], ...] = (
+    DeadlineTooFarError,
     InvalidIdentifierError,
     InvalidRecordError,
     IntegrityError,

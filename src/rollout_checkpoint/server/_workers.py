@@ -44,6 +44,7 @@ from ..format.record_reader import ArchiveReader
 from ..ids import ExecutionId, validate_id
 from ..protocol import (
     BLOCKERS_REPORTED,
+    Cancellation,
     Capabilities,
     CommitReply,
     ParticipantStatus,
@@ -246,14 +247,18 @@ class WorkerGroup:
             tombstones=max(s.tombstones for s in statuses.values()),
             uploading=self._uploads.running(),
             workers=len(statuses),
+            waiting=sum(s.waiting for s in statuses.values()),
         )
 
-    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+    def prepare(
+        self, checkpoint_id: str, deadline: float, *, cancel: Cancellation | None = None
+    ) -> PrepareReport:
         validate_id(checkpoint_id, "checkpoint_id")
         self.prune()
         workers = self.workers()
         missing = self.expected_workers - len(workers)
-        reports = self._each(lambda w: w.client.prepare(checkpoint_id, deadline), workers)
+        # ``cancel``: the caller went away; every worker's wait ends within a slice
+        reports = self._each(lambda w: w.client.prepare(checkpoint_id, deadline, cancel=cancel), workers)
         blockers = [f"{wid}: {b}" for wid in sorted(reports) for b in reports[wid].blockers]
         count = sum(r.blocker_count for r in reports.values())
         if missing > 0:

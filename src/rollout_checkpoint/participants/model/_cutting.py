@@ -18,7 +18,7 @@ from pydantic import JsonValue
 
 from ...errors import CheckpointError, GenerationCutError
 from ...ids import ExecutionId
-from ...protocol import Participant, Phase, PrepareReport, execution_key
+from ...protocol import Cancellation, Participant, Phase, PrepareReport, execution_key
 from ...telemetry import Attr, Span, bound, instruments, operation
 from ...tokens import TokenEntry, TokenPutReceipt, TokenSink, prefix_digest
 from ..generation import FrozenBuffer, Generation
@@ -49,13 +49,15 @@ class CutRounds(Participant):
     _stats: Counter[str]
 
     # -- generation cuts ---------------------------------------------------------------------------
-    def prepare(self, checkpoint_id: str, deadline: float) -> PrepareReport:
+    def prepare(
+        self, checkpoint_id: str, deadline: float, *, cancel: Cancellation | None = None
+    ) -> PrepareReport:
         with self._cond:
             if self._active is None:
                 self._prepare_deadline = deadline  # the cut round's deadline
             elif self._active == checkpoint_id and self._round is not None:
                 self._round.deadline = max(self._round.deadline, deadline)  # a repeat waits longer
-            return super().prepare(checkpoint_id, deadline)
+            return super().prepare(checkpoint_id, deadline, cancel=cancel)
 
     def _on_admission(self, accepting: bool) -> None:
         if accepting:
