@@ -153,9 +153,12 @@ def _checkpoint(coordinator: Coordinator, store: CountingStore, cid: str) -> dic
         "checkpoint_id": cid,
         "bytes_written": store.bytes_written,
         "objects_written": sum(store.requests[op] for op in _WRITES),
+        "requests": sum(store.requests.values()),
+        "requests_by_operation": dict(sorted(store.requests.items())),
         "shard_bytes": shard_bytes,
         "pause_ms": outcome.pause_seconds * 1000,
         "cycle_ms": elapsed * 1000,
+        "steps_ms": {k: round(v * 1000, 1) for k, v in outcome.timings.items()},
     }
 
 

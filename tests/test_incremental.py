@@ -14,7 +14,7 @@ import pytest
 
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.demo import DemoDeployment
-from rollout_checkpoint.errors import CheckpointRejectedError
+from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
 from rollout_checkpoint.format import ArchiveReader, layout
 from rollout_checkpoint.format.chunks import component_records
 from rollout_checkpoint.format.commit_log import list_published
@@ -291,6 +291,33 @@ def test_a_missing_base_manifest_rejects_the_checkpoint_even_without_verify() ->
     store.delete(layout.component_prefix(ck1, "agent", "agent-0") + "/manifest.json")
     with pytest.raises(CheckpointRejectedError, match="base archive manifest is missing"):
         load_checkpoint(store, ck2)
+
+
+@pytest.mark.parametrize(
+    ("how", "component"),
+    [("delete", ("agent", "agent-0")), ("alter", ("agent", "agent-0")), ("delete", ("framework", "registry"))],
+)
+def test_a_base_that_vanished_or_changed_is_never_pinned(how: str, component: tuple[str, str]) -> None:
+    store = _store()
+    run = Run(store, 2)
+    for turn in (1, 2):
+        run.step()
+        run.coordinator.checkpoint(f"ck-{turn}")  # ck-2 pins ck-1's archives
+    key = layout.component_prefix("ck-1", *component) + "/manifest.json"
+    if how == "delete":
+        store.delete(key)
+    else:
+        store.put(key, store.get(key).replace(b'"instance"', b' "instance"'))  # same meaning, new bytes
+    run.step()
+    with pytest.raises(IntegrityError) as info:  # the publisher checks every pin of ck-3
+        run.coordinator.checkpoint("ck-3")
+    assert info.value.details["key"] == key
+    assert sorted(_published(store)) == ["ck-1", "ck-2"]
+    run.coordinator.checkpoint("ck-4")  # the catalogs named the aborted ck-3: a full checkpoint
+    for ref in load_checkpoint(store, "ck-4").record.components:
+        assert not ArchiveReader.open(store, ref.prefix).manifest.bases, ref.prefix
+    verify_checkpoint(store, "ck-4")
+    run.close()
 
 
 def test_a_missing_chunk_never_yields_a_restorable_boundary() -> None:

@@ -6,6 +6,7 @@ once, the resolver over the bases it names, and the cheap and full checks of tho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
@@ -75,13 +76,28 @@ class ReferringArchive:
         """Format 2, without parsing a row: the reference table's bytes and every base's
         ``manifest.json`` against their pins, and each base of the same kind and instance (what
         a publisher checks of the archive a participant just wrote; ``IntegrityError`` else)."""
+        for check in self.pin_checks():
+            check()
+
+    def pin_checks(self) -> list[Callable[[], None]]:
+        """:meth:`check_pins` as independent calls (none for version 1): the reference table's
+        bytes, then one per base (its ``manifest.json`` fetched and checked against its pin).
+        They share nothing, so a caller may run them concurrently (one request each)."""
         entry = self.manifest.references
         if entry is None:
-            return
-        self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+            return []
         pins = ReferenceResolver(self, [], self._open_pinned)
-        for i in range(len(self.manifest.bases or [])):
-            pins.base(i)
+
+        def table() -> None:
+            self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+
+        def base(i: int) -> Callable[[], None]:
+            def check() -> None:
+                pins.base(i)
+
+            return check
+
+        return [table, *(base(i) for i in range(len(self.manifest.bases or [])))]
 
     def base_prefixes(self) -> list[str]:
         """Prefixes of the archives this one refers to (what retention must keep with it)."""
