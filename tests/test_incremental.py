@@ -106,12 +106,9 @@ def test_an_unchanged_checkpoint_writes_no_payload_and_classifies_like_the_full_
         manifest = ArchiveReader.open(store, ref.prefix).manifest
         assert manifest.schema_version == 2 and manifest.references is not None, ref.prefix
         assert manifest.references.rows > 0
+        assert manifest.shards == [], ref.prefix  # nothing stored again, token receipts included
         if ref.kind == "model":
-            # token receipts name the checkpoint's token snapshot: the one kind written again
-            assert set(manifest.record_counts) == {"token_receipt"}
-            assert "model_lineage" in manifest.references.counts
-        else:
-            assert manifest.shards == [], ref.prefix  # nothing stored again
+            assert {"model_lineage", "token_receipt"} <= set(manifest.references.counts)
         assert [b.prefix for b in manifest.bases or []] == [ref.prefix.replace(second, first)]
     verify_checkpoint(store, second)
     assert _dispositions(store, second) == _dispositions(store, first)
@@ -257,11 +254,21 @@ def _three_checkpoints(store: ObjectStore) -> list[str]:
     return ids
 
 
-@pytest.mark.parametrize("how", ["delete", "alter"])
-def test_a_damaged_referenced_object_rejects_every_checkpoint_that_refers_to_it(how: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "component"),
+    [
+        ("delete", ("resources", "resources-0")),
+        ("alter", ("resources", "resources-0")),
+        ("delete", ("model", "policy-0")),  # the token receipts ck-2 refers to
+        ("alter", ("model", "policy-0")),
+    ],
+)
+def test_a_damaged_referenced_object_rejects_every_checkpoint_that_refers_to_it(
+    how: str, component: tuple[str, str]
+) -> None:
     store = _store()
     ck0, ck1, ck2 = _three_checkpoints(store)
-    prefix = layout.component_prefix(ck1, "resources", "resources-0")
+    prefix = layout.component_prefix(ck1, *component)
     (shard,) = [s.key for s in ArchiveReader.open(store, prefix).manifest.shards]
     key = f"{prefix}/{shard}"
     if how == "delete":
@@ -285,6 +292,39 @@ def test_a_damaged_referenced_object_rejects_every_checkpoint_that_refers_to_it(
     fresh.close()
 
 
+def test_unchanged_token_receipts_are_referred_to_and_every_token_row_still_verified() -> None:
+    store = _store()
+    dep = DemoDeployment(store)
+    dep.populate(10, prefix="p0")
+    ck0 = dep.checkpoint("ck-0").checkpoint_id
+    dep.populate(10, prefix="p1")
+    ck1 = dep.checkpoint("ck-1").checkpoint_id
+    dep.close()
+    model = [r for r in load_checkpoint(store, ck1).record.components if r.kind == "model"]
+    reader = ArchiveReader.open(store, model[0].prefix)
+    stored = [m for m in reader.stored_members() if m.kind == "token_receipt"]
+    referred = reader.references("token_receipt")
+    assert stored and referred  # p1's receipts are new, p0's are referred to
+    assert {m.rollout_id.split("-")[0] for m in stored} == {"p1"}
+    assert {r.rollout_id.split("-")[0] for r in referred} == {"p0"}
+    # a referred-to receipt still names the snapshot it was first exported under; the reader checks
+    # it against ck-1's snapshot and, with verify, the token row itself
+    (first,) = {
+        r.snapshot_id
+        for r in component_records(reader)
+        if r.kind == "token_receipt" and r.rollout_id.startswith("p0")
+    }
+    assert first == ck0
+    verify_checkpoint(store, ck1)
+    shard = next(i.key for i in store.list("tokens/shards/"))
+    data = bytearray(store.get(shard))
+    data[len(data) // 2] ^= 0xFF
+    store.put(shard, bytes(data))
+    with pytest.raises(CheckpointRejectedError) as info:
+        verify_checkpoint(store, ck1)
+    assert shard in info.value.message
+
+
 def test_a_missing_base_manifest_rejects_the_checkpoint_even_without_verify() -> None:
     store = _store()
     _, ck1, ck2 = _three_checkpoints(store)
@@ -295,7 +335,11 @@ def test_a_missing_base_manifest_rejects_the_checkpoint_even_without_verify() ->
 
 @pytest.mark.parametrize(
     ("how", "component"),
-    [("delete", ("agent", "agent-0")), ("alter", ("agent", "agent-0")), ("delete", ("framework", "registry"))],
+    [
+        ("delete", ("agent", "agent-0")),
+        ("alter", ("agent", "agent-0")),
+        ("delete", ("framework", "registry")),
+    ],
 )
 def test_a_base_that_vanished_or_changed_is_never_pinned(how: str, component: tuple[str, str]) -> None:
     store = _store()
