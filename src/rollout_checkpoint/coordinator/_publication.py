@@ -57,16 +57,13 @@ class PinChecks:
     the background of steps 4 to 6; :meth:`join` waits for all of them before the commit point."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
+        # threads start on the first submit only (a version-1 checkpoint starts none)
+        self._pool = ThreadPoolExecutor(max_workers=_PIN_WORKERS, thread_name_prefix="pins")
         self._futures: list[tuple[int, Future[None]]] = []
 
     def submit(self, order: int, checks: list[Callable[[], None]]) -> None:
         """Start ``checks`` of the component at position ``order`` (failures are raised in that
         order). Called from the validation threads: ``list.append`` is atomic."""
-        if not checks:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=_PIN_WORKERS, thread_name_prefix="pins")
         for check in checks:
             self._futures.append((order, self._pool.submit(bound(check))))
 
@@ -79,8 +76,7 @@ class PinChecks:
             raise error
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class Publisher(CoordinatorCore):
