@@ -173,24 +173,34 @@ def _state_bytes(store: ObjectStore, cid: str) -> int:
 
 
 def _restore_one(store: ObjectStore, cid: str, e: ExecutionId) -> dict[str, Any]:
-    """Read one rollout's agent boundary (history assembled) and resources session from ``cid``:
-    objects (GETs and ranged GETs) and bytes, starting from the component manifests."""
+    """Read one rollout's agent boundary (history assembled, ``format.chunks.read_boundary``: never
+    a base's member index) and resources session from ``cid``. ``objects_read``/``bytes_read``
+    count the GETs and ranged GETs once the two components are open (manifest, member index and
+    reference table read); the ``_cold`` figures count those too."""
+    from rollout_checkpoint.format.chunks import read_boundary
+
     counting = CountingStore(store)
     agent = ArchiveReader.open(counting, component_prefix(cid, "agent", "agent-0"))
     resources = ArchiveReader.open(counting, component_prefix(cid, "resources", "resources-0"))
-    wanted = [(m.kind, m.key) for m in agent.members() if m.rollout_id == e.rollout_id]
+    boundary_key = max(
+        m.key
+        for m in agent.members("agent_boundary")
+        if (m.rollout_id, m.attempt) == (e.rollout_id, e.attempt)
+    )
+    resources.references()  # its reference table, as opening the agent's did
+    cold_objects, cold_bytes = sum(counting.requests.values()), counting.bytes_read
     counting.reset()
-    raws = [agent.get_raw(kind, e.rollout_id, e.attempt, key) for kind, key in wanted]
-    raws.append(resources.get_raw("resource_snapshot", e.rollout_id, e.attempt, "env"))
-    from rollout_checkpoint.format.chunks import assemble_boundaries
-    from rollout_checkpoint.format.records import decode_record
-
-    records = assemble_boundaries((decode_record(r.kind, r.payload), r.payload) for r in raws)
+    boundary = read_boundary(agent, e.rollout_id, e.attempt, boundary_key)
+    session = resources.get_raw("resource_snapshot", e.rollout_id, e.attempt, "env")
+    assert isinstance(boundary, AgentBoundaryRecord) and session.payload
+    objects, read = sum(counting.requests.values()), counting.bytes_read
     return {
-        "members": len(raws),
-        "records": len(records),
-        "objects_read": sum(counting.requests.values()),
-        "bytes_read": counting.bytes_read,
+        "history_items": len(boundary.output_items),
+        "referenced_chunks": sum(1 for r in agent.references("output_chunk") if r.rollout_id == e.rollout_id),
+        "objects_read": objects,
+        "bytes_read": read,
+        "objects_read_cold": objects + cold_objects,
+        "bytes_read_cold": read + cold_bytes,
     }
 
 

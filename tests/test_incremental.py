@@ -16,7 +16,7 @@ from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
 from rollout_checkpoint.format import ArchiveReader, layout
-from rollout_checkpoint.format.chunks import component_records
+from rollout_checkpoint.format.chunks import component_records, read_boundary
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
@@ -24,7 +24,7 @@ from rollout_checkpoint.participants import AgentParticipant, ResourcesParticipa
 from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.retention import collect_garbage
-from rollout_checkpoint.store import MemoryStore, ObjectStore
+from rollout_checkpoint.store import CountingStore, MemoryStore, ObjectStore
 
 
 class Boom(RuntimeError):
@@ -216,6 +216,56 @@ def test_a_rewritten_history_is_chunked_afresh() -> None:
     assert boundary.output_items == [{"summary": "compacted"}]
     verify_checkpoint(store, "ck-b")
     run.close()
+
+
+def _four_checkpoints(store: ObjectStore) -> None:
+    run = Run(store, 3)
+    for turn in range(1, 5):
+        run.step()
+        run.coordinator.checkpoint(f"ck-{turn}")  # each stores one new chunk per rollout
+    run.close()
+
+
+def test_one_rollout_is_read_without_any_base_member_index() -> None:
+    store = _store()
+    _four_checkpoints(store)
+    prefix = layout.component_prefix("ck-4", "agent", "agent-0")
+    expected = {
+        r.rollout_id: r
+        for r in component_records(ArchiveReader.open(store, prefix))
+        if r.kind == "agent_boundary"
+    }
+    counting = CountingStore(store)
+    reader = ArchiveReader.open(counting, prefix)
+    boundary = read_boundary(reader, "r1", 0, "00000004")
+    assert boundary == expected["r1"] and len(boundary.output_items) == 4
+    bases = [b.prefix for b in reader.manifest.bases or []]
+    assert len(bases) == 3
+    read = counting.keys_read
+    assert not any(k.startswith(tuple(bases)) and "/index-" in k for k in read)
+    # GETs: its manifest, index and reference table, then each base's manifest; ranged GETs: the
+    # boundary's and the newest chunk's row groups here, then per base the shard footer and the
+    # row group of the chunk it stores
+    assert dict(counting.requests) == {"get": 3 + 3, "get_range": 2 + 2 * 3}
+
+
+@pytest.mark.parametrize("how", ["delete", "alter"])
+def test_one_rollout_read_rejects_a_damaged_or_missing_chunk(how: str) -> None:
+    store = _store()
+    _four_checkpoints(store)
+    base = layout.component_prefix("ck-2", "agent", "agent-0")
+    (shard,) = [s.key for s in ArchiveReader.open(store, base).manifest.shards]
+    key = f"{base}/{shard}"
+    if how == "delete":
+        store.delete(key)
+    else:  # change item text inside the compressed row group: pages still decode or they do not
+        data = bytearray(store.get(key))
+        data[len(data) // 4] ^= 0x01
+        store.put(key, bytes(data))
+    reader = ArchiveReader.open(store, layout.component_prefix("ck-4", "agent", "agent-0"))
+    with pytest.raises(IntegrityError) as info:
+        read_boundary(reader, "r1", 0, "00000004")
+    assert info.value.details["key"].startswith(f"{base}/")  # the shard, or the base it belongs to
 
 
 def test_an_aborted_checkpoint_is_never_a_base() -> None:
