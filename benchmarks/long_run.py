@@ -8,12 +8,14 @@ history (``output_items`` of its agent boundary) and mutates the rollout's resou
 checkpoint is taken every ``--every`` turns (synchronous: the pause includes the upload). The
 run is done twice with the same seed: once with every participant and the registry writing full
 checkpoints (format 1), once incremental (format 2). Reported per checkpoint: bytes written,
-objects written, shard (payload) bytes, pause; per run: ``bytes_written_total``,
+objects written, shard (payload) bytes, pause, requests made (by operation) and the cycle's step
+timings; per run: ``bytes_written_total``,
 ``final_state_bytes`` (the logical state of the last checkpoint: the uncompressed payload of
 every record it holds, histories in full), their ratio, and the restore of one rollout from the
-last checkpoint (objects and bytes read). ``--store`` defaults to a fresh local directory;
-``s3://bucket/prefix`` with ``AWS_ENDPOINT_URL`` runs against S3; ``--moto`` starts a moto S3
-server on 127.0.0.1 and runs there.
+last checkpoint (objects and bytes read by ``format.chunks.read_boundary`` and the session's
+point lookup; ``_cold`` also counts opening the two components). ``--store`` defaults to a
+fresh local directory; ``s3://bucket/prefix`` with ``AWS_ENDPOINT_URL`` runs against S3;
+``--moto`` starts a moto S3 server on 127.0.0.1 and runs there.
 With ``--json`` the last line printed is one JSON object.
 """
 
