@@ -7,9 +7,12 @@ reference and check every referenced byte; retention keeps what a retained check
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rollout_checkpoint.coordinator import Coordinator
@@ -258,9 +261,13 @@ def test_one_rollout_read_rejects_a_damaged_or_missing_chunk(how: str) -> None:
     key = f"{base}/{shard}"
     if how == "delete":
         store.delete(key)
-    else:  # change item text inside the compressed row group: pages still decode or they do not
+    else:  # one byte in the middle of the payload column's pages: they no longer decode, or differ
         data = bytearray(store.get(key))
-        data[len(data) // 4] ^= 0x01
+        group = pq.ParquetFile(pa.BufferReader(bytes(data))).metadata.row_group(0)
+        payload = next(
+            group.column(c) for c in range(group.num_columns) if group.column(c).path_in_schema == "payload"
+        )
+        data[payload.data_page_offset + payload.total_compressed_size // 2] ^= 0x01
         store.put(key, bytes(data))
     reader = ArchiveReader.open(store, layout.component_prefix("ck-4", "agent", "agent-0"))
     with pytest.raises(IntegrityError) as info:
@@ -366,13 +373,22 @@ def test_unchanged_token_receipts_are_referred_to_and_every_token_row_still_veri
     }
     assert first == ck0
     verify_checkpoint(store, ck1)
-    shard = next(i.key for i in store.list("tokens/shards/"))
-    data = bytearray(store.get(shard))
-    data[len(data) // 2] ^= 0xFF
-    store.put(shard, bytes(data))
-    with pytest.raises(CheckpointRejectedError) as info:
-        verify_checkpoint(store, ck1)
-    assert shard in info.value.message
+    # a token row a referred-to receipt depends on: its shard altered (one token changed), then gone
+    entries = json.loads(store.get("tokens/snapshots/ck-1.json"))["entries"]
+    shard = next(e["shard"] for k, e in entries.items() if k.startswith("p0-"))
+    table = pq.read_table(pa.BufferReader(store.get(shard)))
+    rows = table.to_pylist()
+    rows[0]["generation_token_ids"] = [t + 1 for t in rows[0]["generation_token_ids"]]
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), sink)
+    for damage in ("alter", "delete"):
+        if damage == "alter":
+            store.put(shard, sink.getvalue().to_pybytes())
+        else:
+            store.delete(shard)
+        with pytest.raises(CheckpointRejectedError) as info:
+            verify_checkpoint(store, ck1)
+        assert rows[0]["key"] in info.value.message or shard in info.value.message
 
 
 def test_a_missing_base_manifest_rejects_the_checkpoint_even_without_verify() -> None:

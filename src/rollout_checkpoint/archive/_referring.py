@@ -116,10 +116,11 @@ class ReferringArchive:
         """Referenced members whose payload SHA-256 the caller already trusts (an agent boundary
         names each of its output chunks by it), read **without the bases' member indexes**: per
         member its base's ``manifest.json`` (checked against its pin, once per base), the shard's
-        Parquet footer and the row group (two ranged GETs). Every field read is checked: the
-        row's identity, ``revision`` and ``refs`` against the reference row (``IntegrityError``,
+        Parquet footer and the row group (two ranged GETs). The row's identity,
+        ``revision`` and ``refs`` are checked against the reference row (``IntegrityError``,
         ``inconsistent``) and its payload against the trusted digest (``altered``); the footer
-        and the row group carry no digest of their own, the payload digest stands for them."""
+        and the row group carry no digest of their own, the payload digest stands for them (the
+        ``schema_version`` column is not checked: the payload carries its own)."""
         resolver = self._resolver()
         out: list[RawRecord] = []
         for r, sha256 in wanted:
