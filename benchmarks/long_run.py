@@ -8,12 +8,14 @@ history (``output_items`` of its agent boundary) and mutates the rollout's resou
 checkpoint is taken every ``--every`` turns (synchronous: the pause includes the upload). The
 run is done twice with the same seed: once with every participant and the registry writing full
 checkpoints (format 1), once incremental (format 2). Reported per checkpoint: bytes written,
-objects written, shard (payload) bytes, pause; per run: ``bytes_written_total``,
+objects written, shard (payload) bytes, pause, requests made (by operation) and the cycle's step
+timings; per run: ``bytes_written_total``,
 ``final_state_bytes`` (the logical state of the last checkpoint: the uncompressed payload of
 every record it holds, histories in full), their ratio, and the restore of one rollout from the
-last checkpoint (objects and bytes read). ``--store`` defaults to a fresh local directory;
-``s3://bucket/prefix`` with ``AWS_ENDPOINT_URL`` runs against S3; ``--moto`` starts a moto S3
-server on 127.0.0.1 and runs there.
+last checkpoint (objects and bytes read by ``format.chunks.read_boundary`` and the session's
+point lookup; ``_cold`` also counts opening the two components). ``--store`` defaults to a
+fresh local directory; ``s3://bucket/prefix`` with ``AWS_ENDPOINT_URL`` runs against S3;
+``--moto`` starts a moto S3 server on 127.0.0.1 and runs there.
 With ``--json`` the last line printed is one JSON object.
 """
 
@@ -153,9 +155,12 @@ def _checkpoint(coordinator: Coordinator, store: CountingStore, cid: str) -> dic
         "checkpoint_id": cid,
         "bytes_written": store.bytes_written,
         "objects_written": sum(store.requests[op] for op in _WRITES),
+        "requests": sum(store.requests.values()),
+        "requests_by_operation": dict(sorted(store.requests.items())),
         "shard_bytes": shard_bytes,
         "pause_ms": outcome.pause_seconds * 1000,
         "cycle_ms": elapsed * 1000,
+        "steps_ms": {k: round(v * 1000, 1) for k, v in outcome.timings.items()},
     }
 
 
@@ -170,24 +175,34 @@ def _state_bytes(store: ObjectStore, cid: str) -> int:
 
 
 def _restore_one(store: ObjectStore, cid: str, e: ExecutionId) -> dict[str, Any]:
-    """Read one rollout's agent boundary (history assembled) and resources session from ``cid``:
-    objects (GETs and ranged GETs) and bytes, starting from the component manifests."""
+    """Read one rollout's agent boundary (history assembled, ``format.chunks.read_boundary``: never
+    a base's member index) and resources session from ``cid``. ``objects_read``/``bytes_read``
+    count the GETs and ranged GETs once the two components are open (manifest, member index and
+    reference table read); the ``_cold`` figures count those too."""
+    from rollout_checkpoint.format.chunks import read_boundary
+
     counting = CountingStore(store)
     agent = ArchiveReader.open(counting, component_prefix(cid, "agent", "agent-0"))
     resources = ArchiveReader.open(counting, component_prefix(cid, "resources", "resources-0"))
-    wanted = [(m.kind, m.key) for m in agent.members() if m.rollout_id == e.rollout_id]
+    boundary_key = max(
+        m.key
+        for m in agent.members("agent_boundary")
+        if (m.rollout_id, m.attempt) == (e.rollout_id, e.attempt)
+    )
+    resources.references()  # its reference table, as opening the agent's did
+    cold_objects, cold_bytes = sum(counting.requests.values()), counting.bytes_read
     counting.reset()
-    raws = [agent.get_raw(kind, e.rollout_id, e.attempt, key) for kind, key in wanted]
-    raws.append(resources.get_raw("resource_snapshot", e.rollout_id, e.attempt, "env"))
-    from rollout_checkpoint.format.chunks import assemble_boundaries
-    from rollout_checkpoint.format.records import decode_record
-
-    records = assemble_boundaries((decode_record(r.kind, r.payload), r.payload) for r in raws)
+    boundary = read_boundary(agent, e.rollout_id, e.attempt, boundary_key)
+    session = resources.get_raw("resource_snapshot", e.rollout_id, e.attempt, "env")
+    assert isinstance(boundary, AgentBoundaryRecord) and session.payload
+    objects, read = sum(counting.requests.values()), counting.bytes_read
     return {
-        "members": len(raws),
-        "records": len(records),
-        "objects_read": sum(counting.requests.values()),
-        "bytes_read": counting.bytes_read,
+        "history_items": len(boundary.output_items),
+        "referenced_chunks": sum(1 for r in agent.references("output_chunk") if r.rollout_id == e.rollout_id),
+        "objects_read": objects,
+        "bytes_read": read,
+        "objects_read_cold": objects + cold_objects,
+        "bytes_read_cold": read + cold_bytes,
     }
 
 

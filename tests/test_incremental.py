@@ -7,16 +7,19 @@ reference and check every referenced byte; retention keeps what a retained check
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.demo import DemoDeployment
-from rollout_checkpoint.errors import CheckpointRejectedError
+from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
 from rollout_checkpoint.format import ArchiveReader, layout
-from rollout_checkpoint.format.chunks import component_records
+from rollout_checkpoint.format.chunks import component_records, read_boundary
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.ids import ExecutionId
@@ -24,7 +27,7 @@ from rollout_checkpoint.participants import AgentParticipant, ResourcesParticipa
 from rollout_checkpoint.reader import load_checkpoint, verify_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.retention import collect_garbage
-from rollout_checkpoint.store import MemoryStore, ObjectStore
+from rollout_checkpoint.store import CountingStore, MemoryStore, ObjectStore
 
 
 class Boom(RuntimeError):
@@ -106,12 +109,9 @@ def test_an_unchanged_checkpoint_writes_no_payload_and_classifies_like_the_full_
         manifest = ArchiveReader.open(store, ref.prefix).manifest
         assert manifest.schema_version == 2 and manifest.references is not None, ref.prefix
         assert manifest.references.rows > 0
+        assert manifest.shards == [], ref.prefix  # nothing stored again, token receipts included
         if ref.kind == "model":
-            # token receipts name the checkpoint's token snapshot: the one kind written again
-            assert set(manifest.record_counts) == {"token_receipt"}
-            assert "model_lineage" in manifest.references.counts
-        else:
-            assert manifest.shards == [], ref.prefix  # nothing stored again
+            assert {"model_lineage", "token_receipt"} <= set(manifest.references.counts)
         assert [b.prefix for b in manifest.bases or []] == [ref.prefix.replace(second, first)]
     verify_checkpoint(store, second)
     assert _dispositions(store, second) == _dispositions(store, first)
@@ -221,6 +221,60 @@ def test_a_rewritten_history_is_chunked_afresh() -> None:
     run.close()
 
 
+def _four_checkpoints(store: ObjectStore) -> None:
+    run = Run(store, 3)
+    for turn in range(1, 5):
+        run.step()
+        run.coordinator.checkpoint(f"ck-{turn}")  # each stores one new chunk per rollout
+    run.close()
+
+
+def test_one_rollout_is_read_without_any_base_member_index() -> None:
+    store = _store()
+    _four_checkpoints(store)
+    prefix = layout.component_prefix("ck-4", "agent", "agent-0")
+    expected = {
+        r.rollout_id: r
+        for r in component_records(ArchiveReader.open(store, prefix))
+        if r.kind == "agent_boundary"
+    }
+    counting = CountingStore(store)
+    reader = ArchiveReader.open(counting, prefix)
+    boundary = read_boundary(reader, "r1", 0, "00000004")
+    assert boundary == expected["r1"] and len(boundary.output_items) == 4
+    bases = [b.prefix for b in reader.manifest.bases or []]
+    assert len(bases) == 3
+    read = counting.keys_read
+    assert not any(k.startswith(tuple(bases)) and "/index-" in k for k in read)
+    # GETs: its manifest, index and reference table, then each base's manifest; ranged GETs: the
+    # boundary's and the newest chunk's row groups here, then per base the shard footer and the
+    # row group of the chunk it stores
+    assert dict(counting.requests) == {"get": 3 + 3, "get_range": 2 + 2 * 3}
+
+
+@pytest.mark.parametrize("how", ["delete", "alter"])
+def test_one_rollout_read_rejects_a_damaged_or_missing_chunk(how: str) -> None:
+    store = _store()
+    _four_checkpoints(store)
+    base = layout.component_prefix("ck-2", "agent", "agent-0")
+    (shard,) = [s.key for s in ArchiveReader.open(store, base).manifest.shards]
+    key = f"{base}/{shard}"
+    if how == "delete":
+        store.delete(key)
+    else:  # one byte in the middle of the payload column's pages: they no longer decode, or differ
+        data = bytearray(store.get(key))
+        group = pq.ParquetFile(pa.BufferReader(bytes(data))).metadata.row_group(0)
+        payload = next(
+            group.column(c) for c in range(group.num_columns) if group.column(c).path_in_schema == "payload"
+        )
+        data[payload.data_page_offset + payload.total_compressed_size // 2] ^= 0x01
+        store.put(key, bytes(data))
+    reader = ArchiveReader.open(store, layout.component_prefix("ck-4", "agent", "agent-0"))
+    with pytest.raises(IntegrityError) as info:
+        read_boundary(reader, "r1", 0, "00000004")
+    assert info.value.details["key"].startswith(f"{base}/")  # the shard, or the base it belongs to
+
+
 def test_an_aborted_checkpoint_is_never_a_base() -> None:
     store = _store()
     run = Run(store, 2)
@@ -257,11 +311,21 @@ def _three_checkpoints(store: ObjectStore) -> list[str]:
     return ids
 
 
-@pytest.mark.parametrize("how", ["delete", "alter"])
-def test_a_damaged_referenced_object_rejects_every_checkpoint_that_refers_to_it(how: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "component"),
+    [
+        ("delete", ("resources", "resources-0")),
+        ("alter", ("resources", "resources-0")),
+        ("delete", ("model", "policy-0")),  # the token receipts ck-2 refers to
+        ("alter", ("model", "policy-0")),
+    ],
+)
+def test_a_damaged_referenced_object_rejects_every_checkpoint_that_refers_to_it(
+    how: str, component: tuple[str, str]
+) -> None:
     store = _store()
     ck0, ck1, ck2 = _three_checkpoints(store)
-    prefix = layout.component_prefix(ck1, "resources", "resources-0")
+    prefix = layout.component_prefix(ck1, *component)
     (shard,) = [s.key for s in ArchiveReader.open(store, prefix).manifest.shards]
     key = f"{prefix}/{shard}"
     if how == "delete":
@@ -285,12 +349,85 @@ def test_a_damaged_referenced_object_rejects_every_checkpoint_that_refers_to_it(
     fresh.close()
 
 
+def test_unchanged_token_receipts_are_referred_to_and_every_token_row_still_verified() -> None:
+    store = _store()
+    dep = DemoDeployment(store)
+    dep.populate(10, prefix="p0")
+    ck0 = dep.checkpoint("ck-0").checkpoint_id
+    dep.populate(10, prefix="p1")
+    ck1 = dep.checkpoint("ck-1").checkpoint_id
+    dep.close()
+    model = [r for r in load_checkpoint(store, ck1).record.components if r.kind == "model"]
+    reader = ArchiveReader.open(store, model[0].prefix)
+    stored = [m for m in reader.stored_members() if m.kind == "token_receipt"]
+    referred = reader.references("token_receipt")
+    assert stored and referred  # p1's receipts are new, p0's are referred to
+    assert {m.rollout_id.split("-")[0] for m in stored} == {"p1"}
+    assert {r.rollout_id.split("-")[0] for r in referred} == {"p0"}
+    # a referred-to receipt still names the snapshot it was first exported under; the reader checks
+    # it against ck-1's snapshot and, with verify, the token row itself
+    (first,) = {
+        r.snapshot_id
+        for r in component_records(reader)
+        if r.kind == "token_receipt" and r.rollout_id.startswith("p0")
+    }
+    assert first == ck0
+    verify_checkpoint(store, ck1)
+    # a token row a referred-to receipt depends on: its shard altered (one token changed), then gone
+    entries = json.loads(store.get("tokens/snapshots/ck-1.json"))["entries"]
+    shard = next(e["shard"] for k, e in entries.items() if k.startswith("p0-"))
+    table = pq.read_table(pa.BufferReader(store.get(shard)))
+    rows = table.to_pylist()
+    rows[0]["generation_token_ids"] = [t + 1 for t in rows[0]["generation_token_ids"]]
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), sink)
+    for damage in ("alter", "delete"):
+        if damage == "alter":
+            store.put(shard, sink.getvalue().to_pybytes())
+        else:
+            store.delete(shard)
+        with pytest.raises(CheckpointRejectedError) as info:
+            verify_checkpoint(store, ck1)
+        assert rows[0]["key"] in info.value.message or shard in info.value.message
+
+
 def test_a_missing_base_manifest_rejects_the_checkpoint_even_without_verify() -> None:
     store = _store()
     _, ck1, ck2 = _three_checkpoints(store)
     store.delete(layout.component_prefix(ck1, "agent", "agent-0") + "/manifest.json")
     with pytest.raises(CheckpointRejectedError, match="base archive manifest is missing"):
         load_checkpoint(store, ck2)
+
+
+@pytest.mark.parametrize(
+    ("how", "component"),
+    [
+        ("delete", ("agent", "agent-0")),
+        ("alter", ("agent", "agent-0")),
+        ("delete", ("framework", "registry")),
+    ],
+)
+def test_a_base_that_vanished_or_changed_is_never_pinned(how: str, component: tuple[str, str]) -> None:
+    store = _store()
+    run = Run(store, 2)
+    for turn in (1, 2):
+        run.step()
+        run.coordinator.checkpoint(f"ck-{turn}")  # ck-2 pins ck-1's archives
+    key = layout.component_prefix("ck-1", *component) + "/manifest.json"
+    if how == "delete":
+        store.delete(key)
+    else:
+        store.put(key, store.get(key).replace(b'"instance"', b' "instance"'))  # same meaning, new bytes
+    run.step()
+    with pytest.raises(IntegrityError) as info:  # the publisher checks every pin of ck-3
+        run.coordinator.checkpoint("ck-3")
+    assert info.value.details["key"] == key
+    assert sorted(_published(store)) == ["ck-1", "ck-2"]
+    run.coordinator.checkpoint("ck-4")  # the catalogs named the aborted ck-3: a full checkpoint
+    for ref in load_checkpoint(store, "ck-4").record.components:
+        assert not ArchiveReader.open(store, ref.prefix).manifest.bases, ref.prefix
+    verify_checkpoint(store, "ck-4")
+    run.close()
 
 
 def test_a_missing_chunk_never_yields_a_restorable_boundary() -> None:

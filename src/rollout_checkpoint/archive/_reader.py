@@ -8,11 +8,9 @@ point lookup the one downloaded row group by the per-row-group digest the (check
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Self
 
 import orjson
@@ -25,25 +23,12 @@ from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
 from ._referring import ReferringArchive
-from ._schema import MANIFEST_NAME, SHARD_SCHEMA, join_key
+from ._rows import RawRecord, WindowFile, check_schema, raw_rows
+from ._schema import MANIFEST_NAME, join_key
 
 __all__ = ["RawArchiveReader", "RawRecord", "check_object", "component_prefixes", "find_component_prefixes"]
 
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    """One stored member with its payload bytes undecoded (for bulk readers and other tools)."""
-
-    kind: str
-    rollout_id: str
-    attempt: int
-    key: str
-    schema_version: int
-    revision: int | None
-    refs: str | None
-    payload: bytes
 
 
 def _missing(key: str, what: str) -> IntegrityError:
@@ -139,54 +124,6 @@ def _remember(sha256: str, manifest: ComponentManifest) -> None:
         if len(_PARSED) >= _PARSED_KEPT:
             _PARSED.pop(next(iter(_PARSED)))
         _PARSED[sha256] = manifest
-
-
-class _WindowFile(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only ``[offset, offset + len(data))`` is known.
-
-    pyarrow gets the shard's footer metadata separately (``ParquetFile(metadata=...)``), so when
-    it reads one row group it touches only that row group's byte range: this object serves that
-    range from memory and refuses anything else instead of guessing.
-    """
-
-    def __init__(self, size: int, offset: int, data: bytes) -> None:
-        super().__init__()
-        self._size = size
-        self._offset = offset
-        self._data = data
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._pos = pos
-        elif whence == io.SEEK_CUR:
-            self._pos += pos
-        else:
-            self._pos = self._size + pos
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        start = self._pos
-        end = min(self._size, start + len(view))
-        if end <= start:
-            return 0
-        lo = start - self._offset
-        hi = end - self._offset
-        if lo < 0 or hi > len(self._data):
-            raise OSError(f"read of [{start}, {end}) outside the fetched row group")
-        view[: end - start] = self._data[lo:hi]
-        self._pos = end
-        return end - start
 
 
 class RawArchiveReader(ReferringArchive):
@@ -352,7 +289,7 @@ class RawArchiveReader(ReferringArchive):
             data = self._shard_data(i, shard)
             pf = pq.ParquetFile(pa.BufferReader(data))
             key = self.key_of(shard.key)
-            _check_schema(pf.schema_arrow, key)
+            check_schema(pf.schema_arrow, key)
             for rg in range(pf.num_row_groups):
                 # use_threads=False everywhere we decode: our row groups are small, and Arrow's
                 # lazily started CPU pool can abort the process at interpreter exit (apache/arrow#34314)
@@ -368,7 +305,7 @@ class RawArchiveReader(ReferringArchive):
         any of its rows is yielded, so a corrupt shard never yields a record.
         """
         for table, key in self._row_groups(kind):
-            yield from _raw_rows(table, key)
+            yield from raw_rows(table, key)
         refs = self.references(kind)
         if refs:
             yield from self._resolver().read(refs)
@@ -450,7 +387,7 @@ class RawArchiveReader(ReferringArchive):
             raise _missing(shard_key, f"shard {shard_no}") from None
         check_bytes(shard_key, data, span.length, span.sha256, f"row group {row_group} of shard {shard_no}")
         pf = pq.ParquetFile(
-            _WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(shard_no)
+            WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(shard_no)
         )
         try:
             table = pf.read_row_group(row_group, use_threads=False)
@@ -465,21 +402,7 @@ class RawArchiveReader(ReferringArchive):
                 f"{shard_key}: row group {row_group} has no row {rows}", key=shard_key, problem="inconsistent"
             )
         table = table.take(pa.array(rows, pa.int64())) if rows != list(range(table.num_rows)) else table
-        return list(_raw_rows(table, shard_key))
+        return list(raw_rows(table, shard_key))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r}, {self.prefix!r})"
-
-
-def _check_schema(schema: pa.Schema, key: str) -> None:
-    if not schema.remove_metadata().equals(SHARD_SCHEMA.remove_metadata()):
-        raise IntegrityError(
-            f"{key}: shard columns do not match the shard schema", key=key, problem="invalid"
-        )
-
-
-def _raw_rows(table: pa.Table, key: str) -> Iterator[RawRecord]:
-    _check_schema(table.schema, key)
-    columns = [table.column(name).to_pylist() for name in SHARD_SCHEMA.names]
-    for row in zip(*columns, strict=True):
-        yield RawRecord(*row)

@@ -6,15 +6,18 @@ once, the resolver over the bases it names, and the cheap and full checks of tho
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, ObjectNotFoundError
 from ..store import ObjectStore
 from ._references import Reference, ReferenceResolver, StoredArchive, checked_reference_rows
 
 if TYPE_CHECKING:
     from ._index import MemberIndex
     from ._manifest import ComponentManifest
+    from ._rows import RawRecord
 
 __all__ = ["ReferringArchive"]
 
@@ -75,13 +78,28 @@ class ReferringArchive:
         """Format 2, without parsing a row: the reference table's bytes and every base's
         ``manifest.json`` against their pins, and each base of the same kind and instance (what
         a publisher checks of the archive a participant just wrote; ``IntegrityError`` else)."""
+        for check in self.pin_checks():
+            check()
+
+    def pin_checks(self) -> list[Callable[[], None]]:
+        """:meth:`check_pins` as independent calls (none for version 1): the reference table's
+        bytes, then one per base (its ``manifest.json`` fetched and checked against its pin).
+        They share nothing, so a caller may run them concurrently (one request each)."""
         entry = self.manifest.references
         if entry is None:
-            return
-        self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+            return []
         pins = ReferenceResolver(self, [], self._open_pinned)
-        for i in range(len(self.manifest.bases or [])):
-            pins.base(i)
+
+        def table() -> None:
+            self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+
+        def base(i: int) -> Callable[[], None]:
+            def check() -> None:
+                pins.base(i)
+
+            return check
+
+        return [table, *(base(i) for i in range(len(self.manifest.bases or [])))]
 
     def base_prefixes(self) -> list[str]:
         """Prefixes of the archives this one refers to (what retention must keep with it)."""
@@ -93,3 +111,78 @@ class ReferringArchive:
         table = self._member_index().table
         cols = [table.column(n).to_pylist() for n in ("shard", "row_group", "row", *_MEMBER_FIELDS)]
         return {(a, b, c): tuple(rest) for a, b, c, *rest in zip(*cols, strict=True)}
+
+    def read_digested(self, wanted: Sequence[tuple[Reference, str]]) -> list[RawRecord]:
+        """Referenced members whose payload SHA-256 the caller already trusts (an agent boundary
+        names each of its output chunks by it), read **without the bases' member indexes**: per
+        member its base's ``manifest.json`` (checked against its pin, once per base), the shard's
+        Parquet footer and the row group (two ranged GETs). The row's identity,
+        ``revision`` and ``refs`` are checked against the reference row (``IntegrityError``,
+        ``inconsistent``) and its payload against the trusted digest (``altered``); the footer
+        and the row group carry no digest of their own, the payload digest stands for them (the
+        ``schema_version`` column is not checked: the payload carries its own)."""
+        resolver = self._resolver()
+        out: list[RawRecord] = []
+        for r, sha256 in wanted:
+            base = resolver.base(r.base)
+            raw = _row_by_footer(base, r.shard, r.row_group, r.row)
+            resolver._match(base, r, raw)
+            found = hashlib.sha256(raw.payload).hexdigest()
+            if found != sha256:
+                key = base.prefix + "/" + base.manifest.shards[r.shard].key
+                raise IntegrityError(
+                    f"{key}: member {r.kind}/{r.rollout_id}#{r.attempt}/{r.key} is altered: payload "
+                    f"sha256 {found}, expected {sha256}",
+                    key=key,
+                    problem="altered",
+                )
+            out.append(raw)
+        return out
+
+
+def _row_by_footer(base: StoredArchive, shard_no: int, row_group: int, row: int) -> RawRecord:
+    """Row ``row`` of row group ``row_group`` of a shard of ``base``: its footer (position from the
+    pinned manifest) and the row group's byte range, two ranged GETs; nothing digest-checked."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ._index import metadata_from_footer
+    from ._rows import WindowFile, raw_rows
+
+    shards = base.manifest.shards
+    if not 0 <= shard_no < len(shards):
+        raise IntegrityError(f"{base.prefix}: no shard {shard_no}", key=base.prefix, problem="inconsistent")
+    shard = shards[shard_no]
+    key = base.prefix + "/" + shard.key
+    if shard.footer_offset is None or shard.footer_bytes is None:  # a manifest without footer spans
+        (found,) = base.read_rows(shard_no, row_group, [row])
+        return found  # type: ignore[no-any-return]
+    try:
+        footer = base.store.get_range(key, shard.footer_offset, shard.footer_offset + shard.footer_bytes)
+        metadata = metadata_from_footer(footer)
+        if not 0 <= row_group < metadata.num_row_groups:
+            raise IntegrityError(f"{key}: no row group {row_group}", key=key, problem="inconsistent")
+        group = metadata.row_group(row_group)
+        starts, ends = [], []
+        for c in range(group.num_columns):
+            column = group.column(c)
+            start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+            starts.append(start)
+            ends.append(start + column.total_compressed_size)
+        offset = min(starts)
+        data = base.store.get_range(key, offset, max(ends))
+        table = pq.ParquetFile(WindowFile(shard.bytes, offset, data), metadata=metadata).read_row_group(
+            row_group, use_threads=False
+        )
+    except ObjectNotFoundError:
+        raise IntegrityError(f"{key}: shard {shard_no} is missing", key=key, problem="missing") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise IntegrityError(
+            f"{key}: row group {row_group} cannot be read: {exc}", key=key, problem="invalid"
+        ) from None
+    if not 0 <= row < table.num_rows:
+        raise IntegrityError(
+            f"{key}: row group {row_group} has no row {row}", key=key, problem="inconsistent"
+        )
+    (found,) = raw_rows(table.slice(row, 1), key)
+    return found

@@ -10,6 +10,8 @@ background thread after the resume, from the frozen registry snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -30,13 +32,14 @@ from ..format.record_reader import ArchiveReader
 from ..protocol import PREPARE_ORDER, CommitReply, ParticipantControl, Phase
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, LiveExecutionRegistry
 from ..store import ObjectStore
-from ..telemetry import Attr, log_fields
+from ..telemetry import Attr, bound, log_fields
 from ._core import CoordinatorCore, Steps, log
 from ._types import receipt_json
 
 __all__ = ["Publisher", "registry_snapshot"]
 
 _SEQUENCE_ATTEMPTS = 32
+_PIN_WORKERS = 8
 
 Committed = list[tuple[str, ParticipantControl, CommitReply]]
 
@@ -46,6 +49,34 @@ def registry_snapshot(registry: LiveExecutionRegistry) -> LiveExecutionRegistry:
     frozen: an asynchronous publication writes the registry component from it after the
     resume, whatever the framework does with the live registry meanwhile."""
     return registry.snapshot()
+
+
+class PinChecks:
+    """Format 2: the pins of every component of one checkpoint (its reference table, each base
+    ``manifest.json`` against the SHA-256 that pins it), one request each, run concurrently in
+    the background of steps 4 to 6; :meth:`join` waits for all of them before the commit point."""
+
+    def __init__(self) -> None:
+        # threads start on the first submit only (a version-1 checkpoint starts none)
+        self._pool = ThreadPoolExecutor(max_workers=_PIN_WORKERS, thread_name_prefix="pins")
+        self._futures: list[tuple[int, Future[None]]] = []
+
+    def submit(self, order: int, checks: list[Callable[[], None]]) -> None:
+        """Start ``checks`` of the component at position ``order`` (failures are raised in that
+        order). Called from the validation threads: ``list.append`` is atomic."""
+        for check in checks:
+            self._futures.append((order, self._pool.submit(bound(check))))
+
+    def join(self) -> None:
+        """Every check has passed, or the first failure (component order) is raised."""
+        failures = [(order, f.exception()) for order, f in self._futures if f.exception() is not None]
+        if failures:
+            error = min(failures, key=lambda failure: failure[0])[1]
+            assert error is not None
+            raise error
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class Publisher(CoordinatorCore):
@@ -64,11 +95,33 @@ class Publisher(CoordinatorCore):
         # 3. validate every component manifest (digest named by the reply) and its bytes; the
         # components concurrently (a remote store answers slowly), the first failure in prepare
         # order raised, each error naming its component
+        pins = PinChecks()
+        try:
+            return self._complete_pinned(
+                cid, deadline, hooked, committed, registry, framework_state, steps, pins
+            )
+        finally:
+            pins.close()
+
+    def _complete_pinned(
+        self,
+        cid: str,
+        deadline: float,
+        hooked: ObjectStore,
+        committed: Committed,
+        registry: LiveExecutionRegistry,
+        framework_state: JsonValue,
+        steps: Steps,
+        pins: PinChecks,
+    ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
         with steps.step("validate"):
             for name, _, _ in committed:
                 self._step(f"validate:{name}")
             validated = self._fan_out(
-                [(name, partial(self._validate, cid, p, reply)) for name, p, reply in committed]
+                [
+                    (name, partial(self._validate, cid, p, reply, pins, order))
+                    for order, (name, p, reply) in enumerate(committed)
+                ]
             )
             components: list[ComponentRef] = [ref for _, ref in validated]
 
@@ -80,7 +133,16 @@ class Publisher(CoordinatorCore):
             )
             self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
             components.append(
-                self._validate_ref(cid, REGISTRY_KIND, REGISTRY_INSTANCE, "framework", None, registry_ref)
+                self._validate_ref(
+                    cid,
+                    REGISTRY_KIND,
+                    REGISTRY_INSTANCE,
+                    "framework",
+                    None,
+                    registry_ref,
+                    pins,
+                    len(committed),
+                )
             )
 
         # 5. aggregate manifest, create-only
@@ -108,6 +170,7 @@ class Publisher(CoordinatorCore):
 
         # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
         with steps.step("publish") as published:
+            pins.join()  # format 2: every pinned base checked (concurrently with steps 4 to 6)
             self._check_deadline(cid, deadline, "publish")
             self._step("publish")
             record, ref = self._publish(
@@ -164,7 +227,9 @@ class Publisher(CoordinatorCore):
             checkpoint_id=cid,
         )
 
-    def _validate(self, cid: str, participant: ParticipantControl, reply: CommitReply) -> ComponentRef:
+    def _validate(
+        self, cid: str, participant: ParticipantControl, reply: CommitReply, pins: PinChecks, order: int
+    ) -> ComponentRef:
         caps = participant.capabilities()
         if (reply.checkpoint_id, reply.kind, reply.instance) != (cid, caps.kind, caps.instance):
             raise IntegrityError(
@@ -184,10 +249,18 @@ class Publisher(CoordinatorCore):
                 checkpoint_id=cid,
             )
         ref = ObjectRef(key=reply.manifest_key, sha256=reply.manifest_sha256, bytes=reply.manifest_bytes)
-        return self._validate_ref(cid, caps.kind, caps.instance, "participant", caps.mode, ref)
+        return self._validate_ref(cid, caps.kind, caps.instance, "participant", caps.mode, ref, pins, order)
 
     def _validate_ref(
-        self, cid: str, kind: str, instance: str, role: str, mode: str | None, ref: Any
+        self,
+        cid: str,
+        kind: str,
+        instance: str,
+        role: str,
+        mode: str | None,
+        ref: Any,
+        pins: PinChecks,
+        order: int,
     ) -> ComponentRef:
         prefix = layout.component_prefix(cid, kind, instance)
         if ref.key != f"{prefix}/{layout.MANIFEST_NAME}":
@@ -203,9 +276,10 @@ class Publisher(CoordinatorCore):
         problems = reader.check_stored()  # the objects this archive wrote: shards and index
         if problems:
             raise problems[0]
-        # format 2: the reference table and every base manifest it points into, pinned (the bases
-        # themselves were checked when their own checkpoint was published)
-        reader.check_pins()
+        # format 2: the reference table and every base manifest it points into, each against its
+        # pin, one request each, concurrently with what follows (joined before the commit point;
+        # the bases' own shards were checked when their own checkpoint was published)
+        pins.submit(order, reader.pin_checks())
         return ComponentRef(
             kind=kind,
             instance=instance,

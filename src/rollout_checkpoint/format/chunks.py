@@ -21,7 +21,13 @@ from .records import AgentBoundaryRecord, OutputChunkRecord, Record, chunk_key, 
 if TYPE_CHECKING:
     from ..archive import RawArchiveReader
 
-__all__ = ["DEFAULT_MAX_CHUNKS", "assemble_boundaries", "chunk_payload", "component_records"]
+__all__ = [
+    "DEFAULT_MAX_CHUNKS",
+    "assemble_boundaries",
+    "chunk_payload",
+    "component_records",
+    "read_boundary",
+]
 
 DEFAULT_MAX_CHUNKS = 32
 """A boundary lists at most this many chunks: one more makes the writer write the whole history
@@ -94,3 +100,33 @@ def component_records(reader: RawArchiveReader) -> list[Record]:
     return assemble_boundaries(
         (decode_record(raw.kind, raw.payload), raw.payload) for raw in reader.iter_raw()
     )
+
+
+def read_boundary(reader: RawArchiveReader, rollout_id: str, attempt: int, key: str) -> Record:
+    """One agent boundary of a component, its history assembled, reading only what it needs:
+    the boundary's row group, and per output chunk either its row group here or, for a chunk
+    an earlier archive stores, that base's pinned manifest, the shard footer and the row group
+    (``RawArchiveReader.read_digested``: never a base's member index). Every chunk is checked
+    against the digest the boundary names, then assembled as :func:`assemble_boundaries` does."""
+    raw = reader.get_raw("agent_boundary", rollout_id, attempt, key)
+    boundary = decode_record(raw.kind, raw.payload)
+    if not isinstance(boundary, AgentBoundaryRecord) or boundary.output_chunks is None:
+        return boundary
+    referenced = {
+        r.key: r
+        for r in reader.references("output_chunk")
+        if r.rollout_id == rollout_id and r.attempt == attempt
+    }
+    pairs: list[tuple[Record, bytes]] = [(boundary, raw.payload)]
+    wanted = []
+    for chunk in boundary.output_chunks:
+        ref = referenced.get(chunk.key)
+        if ref is None:  # stored here: the index and the row group's own digest
+            stored = reader.get_raw(OutputChunkRecord.kind, rollout_id, attempt, chunk.key)
+            pairs.append((decode_record(stored.kind, stored.payload), stored.payload))
+        else:
+            wanted.append((ref, chunk.sha256))
+    for found in reader.read_digested(wanted):
+        pairs.append((decode_record(found.kind, found.payload), found.payload))
+    (assembled,) = assemble_boundaries(pairs)
+    return assembled

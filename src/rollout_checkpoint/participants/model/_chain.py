@@ -42,6 +42,13 @@ class Chain:
     receipts: dict[str, TokenPutReceipt] = field(default_factory=dict)  # by call id
     inflight: set[str] = field(default_factory=set)
     pending: dict[str, PendingCut] = field(default_factory=dict)  # by call id
+    receipt_snapshots: dict[str, str] = field(default_factory=dict)
+    """Token key -> the snapshot id its receipt named when this process first exported it (kept,
+    so an unchanged receipt is the same member at every checkpoint: format 2 refers to it)."""
+
+    def receipt_snapshot(self, key: str, snapshot_id: str) -> str:
+        """The snapshot id the receipt of ``key`` names: the first one it was exported under."""
+        return self.receipt_snapshots.setdefault(key, snapshot_id)
 
     @property
     def tip(self) -> str | None:

@@ -87,32 +87,40 @@ def lineage_batch(calls: Sequence[ModelCallLineageRecord], encoded: Sequence[byt
 def receipt_batch(
     store: str, snapshot_id: str, receipts: Sequence[tuple[ExecutionId, str, str, int]]
 ) -> RecordBatch:
-    """``token_receipt`` members of ``(execution, key, digest, length)`` from the token sink."""
+    """``token_receipt`` members of ``(execution, key, digest, length)`` from the token sink,
+    every one naming ``snapshot_id``."""
     columns = ReceiptColumns()
     for execution, key, digest, length in receipts:
-        columns.add(execution, key, digest, length)
-    return columns.batch(store, snapshot_id)
+        columns.add(execution, key, digest, length, snapshot_id)
+    return columns.batch(store)
 
 
 class ReceiptColumns:
-    """The token receipts of an export gathered as columns (no object per receipt)."""
+    """The token receipts of an export gathered as columns (no object per receipt).
+
+    Each receipt names the snapshot of the checkpoint that exported it **first** (the model
+    participant remembers it per token key): an unchanged receipt is then the same payload at
+    every checkpoint, and an incremental commit refers to it instead of writing it again.
+    """
 
     def __init__(self) -> None:
         self.executions: list[ExecutionId] = []
         self.keys: list[str] = []
         self.digests: list[str] = []
         self.lengths: list[int] = []
+        self.snapshot_ids: list[str] = []
 
-    def add(self, execution: ExecutionId, key: str, digest: str, length: int) -> None:
+    def add(self, execution: ExecutionId, key: str, digest: str, length: int, snapshot_id: str) -> None:
         self.executions.append(execution)
         self.keys.append(key)
         self.digests.append(digest)
         self.lengths.append(length)
+        self.snapshot_ids.append(snapshot_id)
 
-    def batch(self, store: str, snapshot_id: str) -> RecordBatch:
+    def batch(self, store: str) -> RecordBatch:
         """The ``token_receipt`` members, checked per column as :func:`receipt_batch` does."""
         check_lengths([store], "token store name", 1, 256)
-        check_ids([snapshot_id], "snapshot_id")
+        check_ids(set(self.snapshot_ids), "snapshot_id")
         check_lengths(self.keys, "token key", 1, 512)
         check_lengths(self.digests, "token digest", 1, None)
         check_non_negative(self.lengths, "token length")
@@ -127,8 +135,8 @@ class ReceiptColumns:
                 "digest": digest,
                 "length": length,
             }
-            for e, key, digest, length in zip(
-                self.executions, self.keys, self.digests, self.lengths, strict=True
+            for e, key, digest, length, snapshot_id in zip(
+                self.executions, self.keys, self.digests, self.lengths, self.snapshot_ids, strict=True
             )
         ]
         return RecordBatch(
@@ -139,7 +147,9 @@ class ReceiptColumns:
             payloads=tuple(encode_docs(docs)),
             refs=tuple(
                 {"store": store, "snapshot_id": snapshot_id, "digest": digest, "length": length}
-                for digest, length in zip(self.digests, self.lengths, strict=True)
+                for digest, length, snapshot_id in zip(
+                    self.digests, self.lengths, self.snapshot_ids, strict=True
+                )
             ),
         )
 

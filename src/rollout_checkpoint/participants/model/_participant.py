@@ -460,7 +460,9 @@ class PolicyModelParticipant(CutRounds):
                 put = chain.receipts[call.call_id]
                 lineage.append(call)
                 encoded.append(chain.encoded.get(call.call_id))
-                receipts.add(execution, put.key, put.digest, put.length)
+                receipts.add(
+                    execution, put.key, put.digest, put.length, chain.receipt_snapshot(put.key, snapshot_id)
+                )
             for call_id, (version, cut, continued) in sorted(pending.items()):
                 lineage.append(
                     ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
@@ -475,8 +477,14 @@ class PolicyModelParticipant(CutRounds):
                     )
                 )
                 encoded.append(None)
-                receipts.add(execution, cut.receipt_key, cut.receipt_digest, cut.receipt_length)
-        batches = [lineage_batch(lineage, encoded), receipts.batch(self.token_sink.name, snapshot_id)]
+                receipts.add(
+                    execution,
+                    cut.receipt_key,
+                    cut.receipt_digest,
+                    cut.receipt_length,
+                    chain.receipt_snapshot(cut.receipt_key, snapshot_id),
+                )
+        batches = [lineage_batch(lineage, encoded), receipts.batch(self.token_sink.name)]
         return Export(records=RecordBatches(batches), executions=executions)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
