@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
+from ._names import is_part_of
 from ._parquet_io import open_parquet_writer
 from ._schema import join_key
 
@@ -219,12 +220,16 @@ class ReferenceResolver:
                 f"{key}: base archive manifest is missing", key=key, problem="missing"
             ) from None
         m = base.manifest
+        # an earlier archive of this component (another checkpoint, another prefix), or one of
+        # this archive's parts (this checkpoint, at ``<prefix>/parts/<id>``: a worker's share)
+        part = is_part_of(entry.prefix, self._reader.prefix)
         if (m.participant_kind, m.instance) != (own.participant_kind, own.instance) or (
-            entry.prefix == self._reader.prefix or m.checkpoint_id == own.checkpoint_id
+            entry.prefix == self._reader.prefix or (m.checkpoint_id == own.checkpoint_id) != part
         ):
             raise IntegrityError(
                 f"{key}: base archive is {m.participant_kind}/{m.instance} of checkpoint "
-                f"{m.checkpoint_id}, not an earlier archive of {own.participant_kind}/{own.instance}",
+                f"{m.checkpoint_id}, neither an earlier archive nor a part of "
+                f"{own.participant_kind}/{own.instance} of {own.checkpoint_id}",
                 key=key,
                 problem="inconsistent",
             )

@@ -1,6 +1,6 @@
-"""Merging what the workers of one server committed: the one component archive written from
-their staged archives, its manifest ``extra`` and reply, and where a restore places each
-pre-crash owner's executions."""
+"""Merging what the workers of one server committed: the component manifest that refers to the
+parts they wrote (each record written once, by its worker), its ``extra`` and reply, and where
+a restore places each pre-crash owner's executions."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ..archive import ArchiveWriter, ManifestRef
+from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
 from ..errors import IntegrityError, InvalidPhaseError, InvalidRecordError
 from ..format import layout
-from ..format.record_reader import ArchiveReader
 from ..ids import ExecutionId
 from ..protocol import Capabilities, CommitReply, Phase, UnsafeEffect
 from ..store import ObjectStore
@@ -22,8 +21,8 @@ from ..store import ObjectStore
 __all__ = [
     "assign_owners",
     "execution_key",
+    "commit_parts",
     "merge_extra",
-    "merge_staged",
     "merged_reply",
     "session_owners",
     "unique_effects",
@@ -137,46 +136,70 @@ def merged_reply(
     )
 
 
-def merge_staged(
+def commit_parts(
     target: ObjectStore,
-    staging: dict[str, ObjectStore],
     checkpoint_id: str,
     caps: Capabilities,
     replies: dict[str, CommitReply],
     fence: Callable[[], None],
     lock: threading.Condition,
 ) -> ManifestRef:
-    """Verify every worker's staged archive and write ONE component archive of all their
-    records; ``fence`` decides (under ``lock``) whether the manifest may be written."""
+    """Write the component's manifest over the parts its workers committed (``replies``: worker
+    id -> the reply that pins its part's manifest): a format-2 archive that stores nothing and
+    refers to every member of every part, reading only their manifests, member indexes and
+    reference tables (never a payload byte). ``fence`` decides (under ``lock``) whether the
+    manifest may be written."""
     prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
-    readers = {
-        wid: ArchiveReader.open(staging[wid], prefix, expected_sha256=reply.manifest_sha256)
-        for wid, reply in replies.items()
-    }
-    extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
+    bases: dict[str, tuple[int, ManifestRef]] = {}
+
+    def base_of(base_prefix: str, ref: ManifestRef) -> int:
+        known = bases.get(base_prefix)
+        if known is None:
+            known = bases[base_prefix] = (len(bases), ref)
+        elif known[1] != ref:  # two parts pin different bytes of one archive: cannot be
+            raise IntegrityError(f"{base_prefix}: parts pin different manifests of one base archive")
+        return known[0]
+
+    columns: list[list[Any]] = [[] for _ in range(10)]
+    seen: set[tuple[Any, ...]] = set()
+    extras: dict[str, dict[str, JsonValue]] = {}
+
+    def add(identity: tuple[Any, ...], revision: Any, refs: Any, at: tuple[int, int, int, int]) -> None:
+        if identity in seen:
+            kind, rollout_id, attempt, key = identity
+            raise InvalidRecordError(f"member {kind}/{rollout_id}#{attempt}/{key} is in two workers' parts")
+        seen.add(identity)
+        for column, value in zip(columns, (*identity, revision, refs, *at), strict=True):
+            column.append(value)
+
+    for wid in sorted(replies):
+        reply = replies[wid]
+        part = layout.component_part_prefix(checkpoint_id, caps.kind, caps.instance, wid)
+        if reply.manifest_key != f"{part}/{layout.MANIFEST_NAME}" or reply.manifest_sha256 is None:
+            raise IntegrityError(f"worker {wid} committed {reply.manifest_key}, not its part {part}")
+        reader = RawArchiveReader.open(target, part, expected_sha256=reply.manifest_sha256)
+        m = reader.manifest
+        if (m.checkpoint_id, m.participant_kind, m.instance) != (checkpoint_id, caps.kind, caps.instance):
+            raise IntegrityError(
+                f"{part}: part is {m.participant_kind}/{m.instance} of {m.checkpoint_id}, not "
+                f"{caps.kind}/{caps.instance} of {checkpoint_id}"
+            )
+        extras[wid] = dict(m.extra)
+        # the members the part stores (its digest-checked index): referred to in the part
+        own = base_of(part, reader.manifest_ref)
+        for (shard, row_group, row), fields in sorted(reader.locations().items()):
+            add(fields[:4], fields[4], fields[5], (own, shard, row_group, row))
+        # the members the part refers to: the same reference, into the same archive (flattened)
+        part_bases = [base_of(b.prefix, b.manifest) for b in m.bases or []]
+        for r in reader.references():
+            add(r.identity, r.revision, r.refs, (part_bases[r.base], r.shard, r.row_group, r.row))
+    extra = merge_extra(caps, extras, replies)
     writer = ArchiveWriter(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
     )
     try:
-        for wid in sorted(readers):
-            # every shard's digest is checked before its rows; the count closes the set
-            read = 0
-            for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
-                refs = None if raw.refs is None else json.loads(raw.refs)
-                writer.write_raw(
-                    raw.kind,
-                    raw.rollout_id,
-                    raw.attempt,
-                    raw.key,
-                    raw.payload,
-                    raw.revision,
-                    refs,
-                    schema_version=raw.schema_version,
-                )
-                read += 1
-            expected = sum(readers[wid].manifest.record_counts.values())
-            if read != expected:
-                raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
+        ordered = sorted(bases.items(), key=lambda item: item[1][0])
+        writer.refer([(base_prefix, ref) for base_prefix, (_, ref) in ordered], columns)
         with lock:
             fence()
             writer.commit(extra=extra)
