@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from _protocol_fakes import ScriptedParticipant
 from rollout_checkpoint.archive import ArchiveWriter, RawArchiveReader
+from rollout_checkpoint.cli._archive import inspect_store, verify_store
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
 from rollout_checkpoint.format import ArchiveReader, layout
@@ -156,6 +157,14 @@ def test_each_record_is_written_once_by_its_worker_and_increments_refer_to_earli
     plan = load_checkpoint(store, verify=True)
     assert plan.checkpoint_id == "ck-3"
     assert store.list("_workers/") == []
+    # inspect lists each part as an archive of its own, not as the group's unreferenced objects
+    listed = inspect_store(store)["components"]
+    assert all(c["unreferenced"] == [] and c["missing"] == [] for c in listed)
+    assert {c["prefix"] for c in listed} >= {
+        _part("ck-1", "w0"),
+        layout.component_prefix("ck-1", KIND, INSTANCE),
+    }
+    assert all(f.ok for f in verify_store(store))
 
 
 @pytest.mark.parametrize("how", ["delete", "alter"])

@@ -19,7 +19,7 @@ as a spec). Every id that becomes part of a key is validated here.
 
 from __future__ import annotations
 
-from ..archive._names import MANIFEST_NAME, part_prefix
+from ..archive._names import MANIFEST_NAME, PARTS_DIR, part_prefix
 from ..ids import validate_id
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "GC_LEDGER_KEY",
     "LATEST_KEY",
     "MANIFEST_NAME",
+    "PARTS_DIR",
     "PUBLISHED_PREFIX",
     "SEQUENCE_PREFIX",
     "TOKENS_PREFIX",
