@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gap",
         type=float,
         default=1.0,
-        help="seconds between checkpoints: what runs after one's resume (a worker group's "
-        "staged-copy deletes) is then not counted in the next one's window",
+        help="seconds between checkpoints: what runs after one's resume (an asynchronous "
+        "upload, deletes) is then not counted in the next one's window",
     )
     parser.add_argument("--stores", nargs="+", choices=["local", "s3"], default=["local", "s3"])
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
