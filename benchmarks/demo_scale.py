@@ -181,6 +181,7 @@ def run_inprocess(url: str, n: int, runs: int) -> dict[str, Any]:
         "pause_ms_p50": median(pauses) * 1000,
         "pause_ms_max": max(pauses) * 1000,
         "checkpoint_bytes": _checkpoint_bytes(store, outcomes[-1].checkpoint_id),
+        "timings_ms": {k: v * 1000 for k, v in outcomes[-1].timings.items()},
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from _protocol_fakes import ScriptedParticipant
 from rollout_checkpoint.archive import ArchiveWriter, RawArchiveReader
 from rollout_checkpoint.cli._archive import inspect_store, verify_store
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError
+from rollout_checkpoint.errors import CheckpointRejectedError, IntegrityError, InvalidRecordError
 from rollout_checkpoint.format import ArchiveReader, layout
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.format.records import AgentBoundaryRecord, ResourceSnapshotRecord
@@ -253,6 +254,17 @@ def _copy(store: MemoryStore) -> MemoryStore:
     for info in store.list(""):
         out.put(info.key, store.get(info.key))
     return out
+
+
+def test_a_member_in_two_workers_parts_publishes_nothing(tmp_path: Path) -> None:
+    store = MemoryStore(f"parts-{uuid.uuid4().hex}")
+    with world(store, tmp_path) as w:
+        w.workers[1].add(_snapshot("w0-r1", 1))  # the other worker holds it as well
+        with pytest.raises(InvalidRecordError, match="1 members are in two workers' parts"):
+            w.group.prepare("ck-dup", time.time() + 30)
+            w.group.commit("ck-dup", store, time.time() + 30)
+        assert not store.exists(layout.component_prefix("ck-dup", KIND, INSTANCE) + "/manifest.json")
+        w.group.resume("ck-dup", time.time() + 30)
 
 
 def _archive(store: ObjectStore, prefix: str, cid: str, *, instance: str = INSTANCE) -> ArchiveWriter:

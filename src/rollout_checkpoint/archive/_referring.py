@@ -87,6 +87,13 @@ class ReferringArchive:
         """Prefixes of the archives this one refers to (what retention must keep with it)."""
         return [b.prefix for b in self.manifest.bases or []]
 
+    def stored_columns(self) -> list[list[Any]]:
+        """The members this archive stores, as columns ``kind, rollout_id, attempt, key, revision,
+        refs, shard, row_group, row`` (from the digest-checked index; ``refs`` as stored JSON):
+        what a reference table lists for them, ``base`` aside."""
+        table = self._member_index().table
+        return [table.column(n).to_pylist() for n in (*_MEMBER_FIELDS, "shard", "row_group", "row")]
+
     def locations(self) -> dict[tuple[int, int, int], tuple[Any, ...]]:
         """(shard, row group, row) -> (kind, rollout_id, attempt, key, revision, refs) of every
         member stored here (the digest-checked index)."""

@@ -67,8 +67,8 @@ def merge_extra(
             if not isinstance(attempt, int):
                 raise InvalidRecordError("a worker's tombstone is not an attempt number")
             tombstones[rollout_id] = max(attempt, tombstones.get(rollout_id, attempt))
-    executions = sorted({e for r in replies.values() for e in r.executions}, key=execution_key)
-    restarts = sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)
+    executions = _united(r.executions for r in replies.values())
+    restarts = _united(r.restarts for r in replies.values())
     effects = unique_effects(e for r in replies.values() for e in r.unsafe_effects)
     merged: dict[str, JsonValue] = {
         "capabilities": caps.model_dump(mode="json"),
@@ -77,7 +77,7 @@ def merge_extra(
         "restarts": [[e.rollout_id, e.attempt] for e in restarts],
         "unsafe_effects": [u.model_dump(mode="json") for u in effects],
         "session_owners": {
-            wid: [[e.rollout_id, e.attempt] for e in sorted({*r.executions, *r.restarts}, key=execution_key)]
+            wid: [[e.rollout_id, e.attempt] for e in _united((r.executions, r.restarts))]
             for wid, r in sorted(replies.items())
         },
     }
@@ -89,6 +89,16 @@ def merge_extra(
                 raise IntegrityError(f"workers disagree on manifest extra {name!r} (worker {wid})")
             merged[name] = value
     return merged
+
+
+def _united(groups: Iterable[Iterable[ExecutionId]]) -> list[ExecutionId]:
+    """The executions of ``groups``, each once, sorted (keyed by plain tuples: a model's hash is
+    slow, and a group unites thousands)."""
+    seen: dict[tuple[str, int], ExecutionId] = {}
+    for group in groups:
+        for e in group:
+            seen.setdefault((e.rollout_id, e.attempt), e)
+    return [seen[k] for k in sorted(seen)]
 
 
 def unique_effects(effects: Iterable[UnsafeEffect]) -> list[UnsafeEffect]:
@@ -130,8 +140,8 @@ def merged_reply(
         manifest_key=None if ref is None else ref.key,
         manifest_sha256=None if ref is None else ref.sha256,
         manifest_bytes=None if ref is None else ref.bytes,
-        executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
-        restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
+        executions=tuple(_united(r.executions for r in replies.values())),
+        restarts=tuple(_united(r.restarts for r in replies.values())),
         unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
     )
 
@@ -160,18 +170,8 @@ def commit_parts(
             raise IntegrityError(f"{base_prefix}: parts pin different manifests of one base archive")
         return known[0]
 
-    columns: list[list[Any]] = [[] for _ in range(10)]
-    seen: set[tuple[Any, ...]] = set()
+    columns: list[list[Any]] = [[] for _ in range(10)]  # the reference table's, in schema order
     extras: dict[str, dict[str, JsonValue]] = {}
-
-    def add(identity: tuple[Any, ...], revision: Any, refs: Any, at: tuple[int, int, int, int]) -> None:
-        if identity in seen:
-            kind, rollout_id, attempt, key = identity
-            raise InvalidRecordError(f"member {kind}/{rollout_id}#{attempt}/{key} is in two workers' parts")
-        seen.add(identity)
-        for column, value in zip(columns, (*identity, revision, refs, *at), strict=True):
-            column.append(value)
-
     for wid in sorted(replies):
         reply = replies[wid]
         part = layout.component_part_prefix(checkpoint_id, caps.kind, caps.instance, wid)
@@ -186,13 +186,23 @@ def commit_parts(
             )
         extras[wid] = dict(m.extra)
         # the members the part stores (its digest-checked index): referred to in the part
+        stored = reader.stored_columns()
         own = base_of(part, reader.manifest_ref)
-        for (shard, row_group, row), fields in sorted(reader.locations().items()):
-            add(fields[:4], fields[4], fields[5], (own, shard, row_group, row))
+        for i in range(6):
+            columns[i].extend(stored[i])
+        columns[6].extend([own] * len(stored[0]))
+        for i in range(3):
+            columns[7 + i].extend(stored[6 + i])
         # the members the part refers to: the same reference, into the same archive (flattened)
-        part_bases = [base_of(b.prefix, b.manifest) for b in m.bases or []]
-        for r in reader.references():
-            add(r.identity, r.revision, r.refs, (part_bases[r.base], r.shard, r.row_group, r.row))
+        moved = [base_of(b.prefix, b.manifest) for b in m.bases or []]
+        referred = reader.references()
+        if referred:
+            for i, column in enumerate(zip(*referred, strict=True)):
+                columns[i].extend(column if i != 6 else [moved[b] for b in column])
+    identities = set(zip(*columns[:4], strict=True))
+    if len(identities) != len(columns[0]):
+        twice = len(columns[0]) - len(identities)
+        raise InvalidRecordError(f"{caps.kind}/{caps.instance}: {twice} members are in two workers' parts")
     extra = merge_extra(caps, extras, replies)
     writer = ArchiveWriter(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
