@@ -256,6 +256,22 @@ def _copy(store: MemoryStore) -> MemoryStore:
     return out
 
 
+def test_a_parts_reference_columns_are_its_checked_references(tmp_path: Path) -> None:
+    store = MemoryStore(f"parts-{uuid.uuid4().hex}")
+    _three_checkpoints(store, tmp_path)
+    part = RawArchiveReader.open(store, _part("ck-2", "w0"))  # version 2: refers into ck-1's part
+    columns = part.reference_columns()
+    assert columns[0] and [list(c) for c in zip(*part.references(), strict=True)] == columns
+    assert part.manifest.references is not None
+    key = part.key_of(part.manifest.references.key)
+    data = bytearray(store.get(key))
+    data[len(data) // 2] ^= 0xFF
+    store.put(key, bytes(data))
+    fresh = RawArchiveReader.open(store, _part("ck-2", "w0"))
+    with pytest.raises(IntegrityError, match="reference table is altered"):
+        fresh.reference_columns()
+
+
 def test_a_member_in_two_workers_parts_publishes_nothing(tmp_path: Path) -> None:
     store = MemoryStore(f"parts-{uuid.uuid4().hex}")
     with world(store, tmp_path) as w:

@@ -134,6 +134,27 @@ def parse_reference_table(data: bytes, base_count: int) -> list[Reference]:
     return rows
 
 
+def reference_columns(data: bytes, base_count: int) -> list[list[Any]]:
+    """The columns (``REFERENCE_SCHEMA`` order) of a digest-checked reference table, each row's
+    base and location checked like :func:`parse_reference_table`'s, without an object per row
+    (``InvalidRecordError`` when they are not valid)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(data), use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise InvalidRecordError(f"reference table is not readable: {exc}") from None
+    if not table.schema.remove_metadata().equals(REFERENCE_SCHEMA):
+        raise InvalidRecordError("reference table columns do not match the reference schema")
+    if table.num_rows:
+        bases = pc.min_max(table.column("base")).as_py()
+        lowest = min(pc.min(table.column(n)).as_py() for n in ("shard", "row_group", "row"))
+        if bases["min"] < 0 or bases["max"] >= base_count or lowest < 0:
+            raise InvalidRecordError("a reference names no valid base location")
+    return [table.column(n).to_pylist() for n in REFERENCE_SCHEMA.names]
+
+
 def checked_reference_rows(
     data: bytes, key: str, manifest: ComponentManifest, stored: set[tuple[str, str, int, str]]
 ) -> list[Reference]:

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, InvalidRecordError
 from ..store import ObjectStore
-from ._references import Reference, ReferenceResolver, StoredArchive, checked_reference_rows
+from ._references import (
+    REFERENCE_SCHEMA,
+    Reference,
+    ReferenceResolver,
+    StoredArchive,
+    checked_reference_rows,
+    reference_columns,
+)
 
 if TYPE_CHECKING:
     from ._index import MemberIndex
@@ -62,6 +69,28 @@ class ReferringArchive:
         """The members this archive refers to in its bases (version 2; empty for version 1)."""
         rows = self._resolver().rows
         return rows if kind is None else [r for r in rows if r.kind == kind]
+
+    def reference_columns(self) -> list[list[Any]]:
+        """Version 2: the reference table as columns (``REFERENCE_SCHEMA`` order; empty lists for
+        version 1), its bytes, rows, per-kind counts and base locations checked against the
+        manifest. Unlike :meth:`references`, identities are not checked against the stored
+        members or each other here: the caller that unites archives checks them all at once."""
+        entry = self.manifest.references
+        if entry is None:
+            return [[] for _ in REFERENCE_SCHEMA.names]
+        data = self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+        key = self.key_of(entry.key)
+        try:
+            columns = reference_columns(data, len(self.manifest.bases or []))
+        except InvalidRecordError as exc:
+            raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+        counts: dict[str, int] = {}
+        for kind in columns[0]:
+            counts[kind] = counts.get(kind, 0) + 1
+        if len(columns[0]) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
+            problem = "reference table does not match the manifest's counts"
+            raise IntegrityError(f"{key}: {problem}", key=key, problem="inconsistent")
+        return columns
 
     def open_bases(self) -> None:
         """Version 2: read the reference table and every base's manifest, each checked against its

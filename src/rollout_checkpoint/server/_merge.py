@@ -195,10 +195,9 @@ def commit_parts(
             columns[7 + i].extend(stored[6 + i])
         # the members the part refers to: the same reference, into the same archive (flattened)
         moved = [base_of(b.prefix, b.manifest) for b in m.bases or []]
-        referred = reader.references()
-        if referred:
-            for i, column in enumerate(zip(*referred, strict=True)):
-                columns[i].extend(column if i != 6 else [moved[b] for b in column])
+        for i, column in enumerate(reader.reference_columns()):
+            columns[i].extend(column if i != 6 else [moved[b] for b in column])
+    # no member twice: stored in two parts, referred to by two, or stored and referred to
     identities = set(zip(*columns[:4], strict=True))
     if len(identities) != len(columns[0]):
         twice = len(columns[0]) - len(identities)
