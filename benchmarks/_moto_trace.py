@@ -58,7 +58,7 @@ def _kind(path: str) -> str:
     parts = path.strip("/").split("/")[3:]  # drop bucket/bench/<run>
     text = "/".join(parts)
     text = _CKPT.sub("CID", text)
-    text = re.sub(r"_workers/w\d+", "_workers/W", text)
+    text = re.sub(r"parts/w\d+", "parts/W", text)  # a worker group's parts
     return _HEX.sub("H", text)
 
 

@@ -181,6 +181,7 @@ def run_inprocess(url: str, n: int, runs: int) -> dict[str, Any]:
         "pause_ms_p50": median(pauses) * 1000,
         "pause_ms_max": max(pauses) * 1000,
         "checkpoint_bytes": _checkpoint_bytes(store, outcomes[-1].checkpoint_id),
+        "timings_ms": {k: v * 1000 for k, v in outcomes[-1].timings.items()},
     }
 
 
@@ -222,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gap",
         type=float,
         default=1.0,
-        help="seconds between checkpoints: what runs after one's resume (a worker group's "
-        "staged-copy deletes) is then not counted in the next one's window",
+        help="seconds between checkpoints: what runs after one's resume (an asynchronous "
+        "upload, deletes) is then not counted in the next one's window",
     )
     parser.add_argument("--stores", nargs="+", choices=["local", "s3"], default=["local", "s3"])
     parser.add_argument("--json", action="store_true", help="print one JSON object last")

@@ -148,7 +148,7 @@ def test_a_base_of_another_component_is_refused() -> None:
     w2 = _write(store, "c2", {})
     _refer(w2, base)
     archive = _commit(w2)
-    with pytest.raises(IntegrityError, match="not an earlier archive"):
+    with pytest.raises(IntegrityError, match="neither an earlier archive nor a part"):
         archive.open_bases()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from _procs import kill_mentioning, processes_mentioning
-from rollout_checkpoint.demo._cluster import run_cluster_demo
+from rollout_checkpoint.demo._cluster import counted, run_cluster_demo
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.store import LocalStore
 
@@ -135,6 +135,10 @@ def test_demo_command_kills_the_coordinator_on_a_store_that_needs_accept_unsafe_
     assert list_published(LocalStore(tmp_path / "store"))  # the dir:: store is that directory
 
 
+def test_the_demo_says_one_checkpoint_in_the_singular() -> None:
+    assert [counted(n, "checkpoint") for n in (0, 1, 2)] == ["0 checkpoints", "1 checkpoint", "2 checkpoints"]
+
+
 def test_a_second_run_counts_its_own_checkpoints_and_leaves_no_temporary_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -161,6 +165,11 @@ def test_a_second_run_counts_its_own_checkpoints_and_leaves_no_temporary_folder(
         reports.append(report)
     total = len(list_published(store))
     assert reports[0].checkpoints_published + reports[1].checkpoints_published == total
+    # nothing staged, nothing deleted during a run: no folder of the store is left empty (the
+    # worker groups' staging left hundreds under _workers/ before their workers wrote parts)
+    root = tmp_path / "store"
+    assert not (root / "_workers").exists()
+    assert [d for d in root.rglob("*") if d.is_dir() and not any(d.iterdir())] == []
     left = sorted(p.name for p in scratch.iterdir())
     shutil.rmtree(scratch, ignore_errors=True)
     assert left == []

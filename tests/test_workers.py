@@ -24,7 +24,7 @@ from rollout_checkpoint.format.layout import component_prefix
 from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
-    STAGING_PREFIX,
+    CHECKPOINT_ROUTE_PREFIX,
     VIA_HEADER,
     ParticipantUnreachableError,
     RemoteParticipant,
@@ -105,14 +105,15 @@ def test_a_missing_worker_fails_prepare_and_a_dead_one_leaves_the_roster(tmp_pat
             reader = ArchiveReader.open(store, component_prefix("ck-2", "resources", "res-0"))
             assert reader.manifest.extra["session_owners"] == {"w1": [["r1", 0]], "w2": [["r2", 0]]}
             assert reader.manifest.extra["capabilities"]["topology"] == "coordinated_workers"  # type: ignore[index]
-            # the staged copies outlive the commit (their deletes stay out of the pause) and are
-            # dropped once the checkpoint is resumed
-            assert store.list(STAGING_PREFIX) != []
+            # each worker wrote its records once, as a part; the component stores nothing and
+            # refers to every member of both parts
+            prefix = component_prefix("ck-2", "resources", "res-0")
+            assert reader.manifest.shards == [] and reader.manifest.record_counts == {}
+            parts = [f"{prefix}/parts/w1", f"{prefix}/parts/w2"]
+            assert [b.prefix for b in reader.manifest.bases or []] == parts
+            reader.verify()  # (these workers track executions without records)
             group.resume("ck-2", time.time() + 10)
-            end = time.monotonic() + 60
-            while store.list(STAGING_PREFIX) and time.monotonic() < end:
-                time.sleep(0.02)
-            assert store.list(STAGING_PREFIX) == []
+            assert store.list("_workers/") == []  # nothing staged anywhere else
             second_server.should_exit = True
         with pytest.raises(ParticipantUnreachableError, match="resources/res-0 at http://w2"):
             group.prepare("ck-3", time.time() + 10)
@@ -172,7 +173,8 @@ def test_sixteen_sessions_across_two_workers_checkpoint_crash_and_all_continue(t
         agent.close()
         manifest = ArchiveReader.open(store, component_prefix("ck-w", "resources", "counter-0")).manifest
         assert sorted(manifest.extra["session_owners"]) == sorted(set(owners.values()))  # type: ignore[arg-type]
-        assert manifest.record_counts == {"resource_snapshot": 16}
+        assert manifest.record_counts == {}  # stored once, in the workers' parts; referred to here
+        assert manifest.references is not None and manifest.references.counts == {"resource_snapshot": 16}
     # the crash: every process of the server is gone; a new server has new workers
     with server(store_dir) as second:
         remote = RemoteParticipant(second.url, token=TOKEN)
@@ -331,7 +333,7 @@ def test_worker_group_commits_and_restores_on_every_store(
         group.resume("ck-s", time.time() + 30)
         reader = ArchiveReader.open(any_store, component_prefix("ck-s", "resources", "res-0"))
         reader.verify()
-        assert reader.manifest.record_counts == {"resource_snapshot": 6}
+        assert [m.kind for m in reader.members()] == ["resource_snapshot"] * 6
         # restore into a new group of two fresh workers (the old owners are gone)
         fresh = [ScriptedParticipant("resources", "res-0") for _ in range(2)]
         second = WorkerGroup(any_store, expected_workers=2, token=TOKEN)
@@ -368,33 +370,25 @@ class _Versioned(ScriptedParticipant):
         return {"policy_version": self.version}
 
 
-def _staged_keys(store: LocalStore, checkpoint_id: str) -> list[str]:
-    return [
-        info.key for info in store.list(f"{STAGING_PREFIX}/") if f"/checkpoints/{checkpoint_id}/" in info.key
-    ]
-
-
-def _wait_no_staging(store: LocalStore, checkpoint_id: str) -> None:
-    end = time.monotonic() + 60
-    while left := _staged_keys(store, checkpoint_id):
-        assert time.monotonic() < end, f"staging of {checkpoint_id} left behind: {left}"
-        time.sleep(0.05)
+def _part_keys(store: LocalStore, checkpoint_id: str) -> list[str]:
+    prefix = component_prefix(checkpoint_id, "resources", "res-0")
+    return [info.key for info in store.list(f"{prefix}/parts/")]
 
 
 @pytest.mark.parametrize("fault", ["merge", "worker_commit"])
-def test_a_failed_group_commit_leaves_no_staging_and_the_next_checkpoint_publishes(
+def test_a_failed_group_commit_publishes_nothing_and_the_next_checkpoint_publishes(
     tmp_path: Path, fault: str
 ) -> None:
-    """A failed attempt's staged copies go with its abort (the resume), only that id's; the next
-    checkpoint merges, verifies and restores its records."""
+    """A failed attempt writes no component manifest (its parts are an unpublished checkpoint's
+    leftovers, which retention collects); the next checkpoint refers to its workers' parts and
+    verifies and restores."""
     from fastapi import FastAPI
 
     from rollout_checkpoint.errors import IntegrityError, InvalidPhaseError
     from rollout_checkpoint.format.records import ResourceSnapshotRecord
+    from rollout_checkpoint.retention import collect_garbage
 
     store = LocalStore(tmp_path / "store")
-    other = f"{STAGING_PREFIX}/old0/checkpoints/ck-other/component.bin"
-    store.put(other, b"another checkpoint's staged copy")
     with contextlib.ExitStack() as stack:
         group = WorkerGroup(store, expected_workers=2, token=TOKEN)
         workers = [_Versioned() for _ in range(2)]
@@ -410,18 +404,16 @@ def test_a_failed_group_commit_leaves_no_staging_and_the_next_checkpoint_publish
             group.register(f"old{i}", str(tmp_path / f"f{i}.sock"), os.getpid(), worker.capabilities())
         assert group.prepare("ck-bad", time.time() + 30).ready
         if fault == "merge":
-            workers[1].version = "v2"  # both stage their archive; the merge refuses to mix them
+            workers[1].version = "v2"  # both write their part; the group refuses to mix them
             expected: type[Exception] = IntegrityError
         else:
-            workers[1].set_blockers(["mid-turn"])  # its commit fails; the other one staged
+            workers[1].set_blockers(["mid-turn"])  # its commit fails; the other one wrote its part
             expected = InvalidPhaseError
         with pytest.raises(expected):
             group.commit("ck-bad", store, time.time() + 30)
-        assert _staged_keys(store, "ck-bad")  # kept for a repeat until the abort
+        assert _part_keys(store, "ck-bad")  # the parts written stay (a repeat finds them)
         assert not store.exists(component_prefix("ck-bad", "resources", "res-0") + "/manifest.json")
         group.resume("ck-bad", time.time() + 30)  # the coordinator's abort
-        _wait_no_staging(store, "ck-bad")
-        assert store.get(other) == b"another checkpoint's staged copy"  # another id's: untouched
         workers[1].version = "v1"
         workers[1].set_blockers([])
         assert group.prepare("ck-good", time.time() + 30).ready
@@ -430,10 +422,12 @@ def test_a_failed_group_commit_leaves_no_staging_and_the_next_checkpoint_publish
         group.resume("ck-good", time.time() + 30)
         reader = ArchiveReader.open(store, component_prefix("ck-good", "resources", "res-0"))
         reader.verify()
-        assert reader.manifest.record_counts == {"resource_snapshot": 6}
+        assert [m.kind for m in reader.members()] == ["resource_snapshot"] * 6
         assert reader.manifest.extra["policy_version"] == "v1"
-        _wait_no_staging(store, "ck-good")
-        assert store.exists(other)
+        assert len(_part_keys(store, "ck-good")) == 2 * 3  # two parts: manifest, index, shard each
+        # the failed attempt's parts are leftovers of a checkpoint never published: gc takes them
+        report = collect_garbage(store, keep=1, min_age_s=0)
+        assert "ck-bad" in report.deleted_prefixes and _part_keys(store, "ck-bad") == []
         group.close()
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
+    SkipValidation,
     ValidationError,
     field_validator,
     model_validator,
@@ -52,6 +53,31 @@ def _relative_key(value: str) -> str:
         return validate_key(value)
     except InvalidIdentifierError as exc:
         raise ValueError(exc.message) from None
+
+
+_SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
+def _check_json(value: Any) -> None:
+    """``ValueError`` unless ``value`` is made of JSON values only: ``dict`` with ``str`` keys,
+    ``list``, ``str``, ``int``, ``float``, ``bool``, ``None`` (no tuple, bytes or other type)."""
+    scalar = _SCALAR_TYPES
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            for child in item:
+                if type(child) not in scalar:
+                    stack.append(child)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"extra: object key {key!r} is not a string")
+                if type(child) not in scalar:
+                    stack.append(child)
+        elif not isinstance(item, _SCALARS):
+            raise ValueError(f"extra: {type(item).__name__} is not a JSON value")
 
 
 class _Model(BaseModel):
@@ -138,9 +164,19 @@ class ComponentManifest(_Model):
     index: IndexEntry
     record_counts: dict[str, int]
     digest_algorithm: Literal["sha256"] = "sha256"
-    extra: dict[str, JsonValue] = Field(default_factory=dict)
+    extra: Annotated[dict[str, JsonValue], SkipValidation] = Field(default_factory=dict)
+    """JSON values only, checked by ``_extra_is_json`` (the values pydantic's ``JsonValue``
+    accepts, at a fraction of its cost on the long execution lists a manifest carries)."""
     bases: list[BaseEntry] | None = None
     references: ReferencesEntry | None = None
+
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _extra_is_json(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError("extra must be a JSON object")
+        _check_json(value)
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> ComponentManifest:
@@ -188,7 +224,11 @@ def manifest_to_bytes(manifest: ComponentManifest) -> bytes:
     """Canonical bytes (sorted keys, compact, UTF-8): equal manifests give equal bytes, so a
     retried create-only put of the same manifest is recognised as idempotent. A version-1
     manifest has no ``bases``/``references`` keys at all (its bytes are those of version 1)."""
-    body = manifest.model_dump(mode="json")
+    # ``extra`` holds JSON values only (checked when the manifest was built), which dump as
+    # themselves: taken as they are, never through pydantic's JsonValue serializer (slow on the
+    # long execution lists)
+    body = manifest.model_dump(mode="json", exclude={"extra"})
+    body["extra"] = manifest.extra
     if manifest.schema_version == 1:
         body.pop("bases", None)
         body.pop("references", None)

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
+from ._names import is_part_of
 from ._parquet_io import open_parquet_writer
 from ._schema import join_key
 
@@ -133,6 +134,27 @@ def parse_reference_table(data: bytes, base_count: int) -> list[Reference]:
     return rows
 
 
+def reference_columns(data: bytes, base_count: int) -> list[list[Any]]:
+    """The columns (``REFERENCE_SCHEMA`` order) of a digest-checked reference table, each row's
+    base and location checked like :func:`parse_reference_table`'s, without an object per row
+    (``InvalidRecordError`` when they are not valid)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(data), use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise InvalidRecordError(f"reference table is not readable: {exc}") from None
+    if not table.schema.remove_metadata().equals(REFERENCE_SCHEMA):
+        raise InvalidRecordError("reference table columns do not match the reference schema")
+    if table.num_rows:
+        bases = pc.min_max(table.column("base")).as_py()
+        lowest = min(pc.min(table.column(n)).as_py() for n in ("shard", "row_group", "row"))
+        if bases["min"] < 0 or bases["max"] >= base_count or lowest < 0:
+            raise InvalidRecordError("a reference names no valid base location")
+    return [table.column(n).to_pylist() for n in REFERENCE_SCHEMA.names]
+
+
 def checked_reference_rows(
     data: bytes, key: str, manifest: ComponentManifest, stored: set[tuple[str, str, int, str]]
 ) -> list[Reference]:
@@ -219,12 +241,16 @@ class ReferenceResolver:
                 f"{key}: base archive manifest is missing", key=key, problem="missing"
             ) from None
         m = base.manifest
+        # an earlier archive of this component (another checkpoint, another prefix), or one of
+        # this archive's parts (this checkpoint, at ``<prefix>/parts/<id>``: a worker's share)
+        part = is_part_of(entry.prefix, self._reader.prefix)
         if (m.participant_kind, m.instance) != (own.participant_kind, own.instance) or (
-            entry.prefix == self._reader.prefix or m.checkpoint_id == own.checkpoint_id
+            entry.prefix == self._reader.prefix or (m.checkpoint_id == own.checkpoint_id) != part
         ):
             raise IntegrityError(
                 f"{key}: base archive is {m.participant_kind}/{m.instance} of checkpoint "
-                f"{m.checkpoint_id}, not an earlier archive of {own.participant_kind}/{own.instance}",
+                f"{m.checkpoint_id}, neither an earlier archive nor a part of "
+                f"{own.participant_kind}/{own.instance} of {own.checkpoint_id}",
                 key=key,
                 problem="inconsistent",
             )

@@ -10,9 +10,16 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError, ObjectNotFoundError
+from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
-from ._references import Reference, ReferenceResolver, StoredArchive, checked_reference_rows
+from ._references import (
+    REFERENCE_SCHEMA,
+    Reference,
+    ReferenceResolver,
+    StoredArchive,
+    checked_reference_rows,
+    reference_columns,
+)
 
 if TYPE_CHECKING:
     from ._index import MemberIndex
@@ -66,6 +73,28 @@ class ReferringArchive:
         rows = self._resolver().rows
         return rows if kind is None else [r for r in rows if r.kind == kind]
 
+    def reference_columns(self) -> list[list[Any]]:
+        """Version 2: the reference table as columns (``REFERENCE_SCHEMA`` order; empty lists for
+        version 1), its bytes, rows, per-kind counts and base locations checked against the
+        manifest. Unlike :meth:`references`, identities are not checked against the stored
+        members or each other here: the caller that unites archives checks them all at once."""
+        entry = self.manifest.references
+        if entry is None:
+            return [[] for _ in REFERENCE_SCHEMA.names]
+        data = self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
+        key = self.key_of(entry.key)
+        try:
+            columns = reference_columns(data, len(self.manifest.bases or []))
+        except InvalidRecordError as exc:
+            raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
+        counts: dict[str, int] = {}
+        for kind in columns[0]:
+            counts[kind] = counts.get(kind, 0) + 1
+        if len(columns[0]) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
+            problem = "reference table does not match the manifest's counts"
+            raise IntegrityError(f"{key}: {problem}", key=key, problem="inconsistent")
+        return columns
+
     def open_bases(self) -> None:
         """Version 2: read the reference table and every base's manifest, each checked against its
         pin (what a load without ``verify`` checks of the bases; ``IntegrityError`` when one is
@@ -104,6 +133,13 @@ class ReferringArchive:
     def base_prefixes(self) -> list[str]:
         """Prefixes of the archives this one refers to (what retention must keep with it)."""
         return [b.prefix for b in self.manifest.bases or []]
+
+    def stored_columns(self) -> list[list[Any]]:
+        """The members this archive stores, as columns ``kind, rollout_id, attempt, key, revision,
+        refs, shard, row_group, row`` (from the digest-checked index; ``refs`` as stored JSON):
+        what a reference table lists for them, ``base`` aside."""
+        table = self._member_index().table
+        return [table.column(n).to_pylist() for n in (*_MEMBER_FIELDS, "shard", "row_group", "row")]
 
     def locations(self) -> dict[tuple[int, int, int], tuple[Any, ...]]:
         """(shard, row group, row) -> (kind, rollout_id, attempt, key, revision, refs) of every

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ..archive import component_prefixes
 from ..errors import CheckpointError
-from ..format.layout import MANIFEST_NAME
+from ..format.layout import MANIFEST_NAME, PARTS_DIR
 from ..format.record_reader import ArchiveReader
 from ..store import ObjectInfo, ObjectStore
 from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
@@ -115,7 +115,15 @@ def inspect_store(store: ObjectStore) -> dict[str, Any]:
     sizes = {info.key: info.size for info in listing}
     claimed: set[str] = set()
     components: list[dict[str, Any]] = []
-    for prefix in component_prefixes(info.key for info in listing):
+    prefixes = component_prefixes(info.key for info in listing)
+    known = set(prefixes)
+
+    def nested(prefix: str, key: str) -> bool:
+        """``key`` belongs to one of ``prefix``'s parts (an archive of its own), not to ``prefix``."""
+        head = f"{prefix}/{PARTS_DIR}/" if prefix else f"{PARTS_DIR}/"
+        return key.startswith(head) and head + key[len(head) :].split("/", 1)[0] in known
+
+    for prefix in prefixes:
         entry: dict[str, Any] = {"prefix": prefix, "manifest_key": f"{prefix}/{MANIFEST_NAME}".lstrip("/")}
         try:
             reader = ArchiveReader.open(store, prefix)
@@ -127,7 +135,11 @@ def inspect_store(store: ObjectStore) -> dict[str, Any]:
         m = reader.manifest
         referenced = _component_keys(reader)
         claimed.update(referenced)
-        unreferenced = [k for k in sizes if _under(prefix, k) and k not in referenced and k != MANIFEST_NAME]
+        unreferenced = [
+            k
+            for k in sizes
+            if _under(prefix, k) and k not in referenced and k != MANIFEST_NAME and not nested(prefix, k)
+        ]
         entry.update(
             checkpoint_id=m.checkpoint_id,
             participant_kind=m.participant_kind,

@@ -46,7 +46,7 @@ from ._cluster_coordinator import FRESH_EXIT, MAX_TOKENS, read_json, write_json
 from ._run import DemoReport, _join, _threads
 from ._workload import DemoWorld, Ledger, RolloutSpec, rollout_specs
 
-__all__ = ["KILLABLE", "run_cluster_demo"]
+__all__ = ["KILLABLE", "counted", "run_cluster_demo"]
 
 KILLABLE = ("model", "agent", "resources", "tokens", "coordinator")
 Progress = Callable[[str], None]
@@ -229,6 +229,11 @@ def _preflight(store: ObjectStore, *, accept_unsafe_store: bool) -> None:
     store.remove_empty_folders("demo-preflight/")
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 checkpoint``, ``2 checkpoints``, ``0 checkpoints``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def run_cluster_demo(
     store: ObjectStore,
     *,
@@ -325,9 +330,8 @@ def run_cluster_demo(
             write_json(control, announced)
             cluster.kill(victim)
             extra["killed"].append(victim)
-            published = len(read_json(state_path).get("checkpoints", []))
-            plural = "checkpoint" if published == 1 else "checkpoints"
-            say(f"{next(step)}. SIGKILLed the {victim} process ({published} {plural} published so far)")
+            published = counted(len(read_json(state_path).get("checkpoints", [])), "checkpoint")
+            say(f"{next(step)}. SIGKILLed the {victim} process ({published} published so far)")
             if victim == "coordinator":
                 settings["restore"] = True  # the replacement starts from this run's latest checkpoint
                 write_json(config, settings)
@@ -398,8 +402,7 @@ def run_cluster_demo(
     report.pause_ms_max = report.pause_ms
     report.pause_ms_p50 = round(statistics.median(pauses), 3) if pauses else 0.0
     extra["restore_refused"] = state.get("restore_refused")
-    plural = "checkpoint" if len(pauses) == 1 else "checkpoints"
-    say(f"{next(step)}. {report.completed}/{rollouts} results, {len(pauses)} {plural}")
+    say(f"{next(step)}. {report.completed}/{rollouts} results, {counted(len(pauses), 'checkpoint')}")
     expected = _uninterrupted(specs, seed, token_delay, timeout)
     final = {k: {"summary": v["summary"], "reward": v["reward"]} for k, v in results.items()}
     report.mismatched = sorted(

@@ -12,13 +12,14 @@ as a spec). Every id that becomes part of a key is validated here.
     checkpoints/<checkpoint_id>/components/<kind>/<instance>/manifest.json
     checkpoints/<checkpoint_id>/components/<kind>/<instance>/index-<writer_id>.parquet
     checkpoints/<checkpoint_id>/components/<kind>/<instance>/shards/<writer_id>-<seq>.parquet
+    checkpoints/<checkpoint_id>/components/<kind>/<instance>/parts/<part_id>/...   a part (worker)
     tokens/...                                               reference token store
     gc/leftovers.json                                        retention's ledger of unpublished prefixes
 """
 
 from __future__ import annotations
 
-from ..archive._names import MANIFEST_NAME
+from ..archive._names import MANIFEST_NAME, PARTS_DIR, part_prefix
 from ..ids import validate_id
 
 __all__ = [
@@ -27,11 +28,13 @@ __all__ = [
     "GC_LEDGER_KEY",
     "LATEST_KEY",
     "MANIFEST_NAME",
+    "PARTS_DIR",
     "PUBLISHED_PREFIX",
     "SEQUENCE_PREFIX",
     "TOKENS_PREFIX",
     "aggregate_key",
     "checkpoint_prefix",
+    "component_part_prefix",
     "component_prefix",
     "published_key",
     "sequence_key",
@@ -65,6 +68,12 @@ def component_prefix(checkpoint_id: str, kind: str, instance: str) -> str:
         f"{checkpoint_prefix(checkpoint_id)}/components/"
         f"{validate_id(kind, 'participant kind')}/{validate_id(instance, 'instance')}"
     )
+
+
+def component_part_prefix(checkpoint_id: str, kind: str, instance: str, part_id: str) -> str:
+    """A part of a component archive: an archive of its own, written by one worker of a worker
+    group, that the component's manifest refers to (``docs/format.md``, "Parts")."""
+    return part_prefix(component_prefix(checkpoint_id, kind, instance), validate_id(part_id, "part id"))
 
 
 def sequence_key(sequence: int) -> str:

@@ -51,6 +51,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         scope: Sequence[ExecutionId] | None = None,
         *,
         publication: Publication = "sync",
+        part: str | None = None,
     ) -> CommitReply:
         """Re-check readiness, export once through the archive writer, write the manifest last.
 
@@ -61,8 +62,13 @@ class CommitRestore(AdmissionGate, abc.ABC):
         ``publication="async"`` freezes the export and answers ``frozen`` at once; the archive
         is written by a background upload that the resume starts (:meth:`collect`). Either
         mode first waits (until ``deadline``) for a previous checkpoint's upload to end.
+
+        ``part`` (a worker group's worker id) writes the archive as that part of the component
+        (``<component prefix>/parts/<part>``), which the group's manifest then refers to.
         """
         validate_id(checkpoint_id, "checkpoint_id")
+        if part is not None:
+            validate_id(part, "part id")
         check_deadline(deadline, self._clock(), "commit", limit=self.max_deadline_seconds)
         if publication not in ("sync", "async"):
             raise ValueError(f"publication must be 'sync' or 'async', not {publication!r}")
@@ -145,7 +151,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
                             lambda _: reply(
                                 Phase.COMMITTED,
                                 self._write_component(
-                                    checkpoint_id, store, deadline, records, extra, generation
+                                    checkpoint_id, store, deadline, records, extra, generation, part
                                 ),
                             )
                         ),
@@ -155,7 +161,9 @@ class CommitRestore(AdmissionGate, abc.ABC):
                     self._replies.commit = frozen
                     self.events["frozen"] += 1
                     return frozen
-            ref = self._write_component(checkpoint_id, store, deadline, export.records, extra, generation)
+            ref = self._write_component(
+                checkpoint_id, store, deadline, export.records, extra, generation, part
+            )
             with self._cond:
                 if self._generation != generation or self._active != checkpoint_id:
                     # resumed (or the lease expired) after the manifest write: the phase belongs
@@ -284,6 +292,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         records: ExportRecords,
         extra: dict[str, JsonValue],
         generation: int,
+        part: str | None = None,
     ) -> tuple[str, str, int]:
         with operation(Span.participant("write"), attributes={Attr.CHECKPOINT_ID: checkpoint_id}) as writing:
             return write_component(
@@ -297,6 +306,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
                 check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
                 written=partial(_count, writing, "write", self.kind),
                 catalog=self._base_catalog(),
+                part=part,
             )
 
     incremental_commits: bool = True

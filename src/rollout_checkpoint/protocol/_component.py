@@ -49,6 +49,7 @@ def write_component(
     check_active: Callable[[], None],
     written: Callable[[int, int], None] | None = None,
     catalog: BaseCatalog | None = None,
+    part: str | None = None,
 ) -> ManifestTriple:
     """Write the records, then the manifest last, deciding the manifest write under ``lock``.
 
@@ -59,12 +60,18 @@ def write_component(
     models one by one through ``ArchiveWriter.write``. ``written(records, bytes)`` is told
     what the archive holds once its manifest exists (telemetry). With a ``catalog`` of the
     component's last published archive, unchanged members are referred to instead of written
-    (format version 2), and the catalog then describes the archive written here.
+    (format version 2), and the catalog then describes the archive written here. With a
+    ``part`` id the archive is that part of the component (``<component prefix>/parts/<part>``,
+    a worker group's worker: the group's manifest refers to it).
     """
     from ..archive import ArchiveWriter
 
     target = open_store(store)
-    prefix = layout.component_prefix(checkpoint_id, kind, instance)
+    prefix = (
+        layout.component_prefix(checkpoint_id, kind, instance)
+        if part is None
+        else layout.component_part_prefix(checkpoint_id, kind, instance, part)
+    )
     adopted = adopt_manifest(target, prefix, checkpoint_id, kind, instance, extra)
     if adopted is not None:
         return adopted

@@ -3,7 +3,10 @@
 Format version 2 archives name their *bases* (earlier archives that store members they list):
 those archives must outlive every checkpoint whose components name them, even once their own
 checkpoint is unpublished. References are flattened (a base always stores the rows itself), so
-one level of ``bases`` is the whole reachable set.
+one level of ``bases`` is the whole reachable set. A worker group's component names its
+workers' *parts* (``<component>/parts/<worker_id>``) as bases too, this checkpoint's and, through
+them, earlier checkpoints' parts: an earlier part stays while its own checkpoint's component
+manifest goes.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from ._wire import (
     error_from_wire,
     status_for,
 )
-from ._workers import STAGING_PREFIX, WorkerGroup, WorkerInfo
+from ._workers import WorkerGroup, WorkerInfo
 
 __all__ = [
     "CHECKPOINT_ROUTE_PREFIX",
@@ -57,7 +57,6 @@ __all__ = [
     "OWNER_COOKIE",
     "OWNER_HEADER",
     "ROLLOUT_PATH_PREFIX",
-    "STAGING_PREFIX",
     "TOKENS_ROUTE_PREFIX",
     "MIN_TOKEN_LENGTH",
     "TOKEN_ENV",

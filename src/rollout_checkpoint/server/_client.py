@@ -154,6 +154,7 @@ class RemoteParticipant:
         scope: Sequence[ExecutionId] | None = None,
         *,
         publication: Publication = "sync",
+        part: str | None = None,
     ) -> CommitReply:
         body: dict[str, Any] = {
             "checkpoint_id": checkpoint_id,
@@ -163,6 +164,8 @@ class RemoteParticipant:
         }
         if publication != "sync":  # a synchronous commit's body is what servers always took
             body["publication"] = publication
+        if part is not None:  # a worker group's worker: its share as a part of the component
+            body["part"] = part
         return self._http.call("POST", "/commit", body, CommitReply, deadline)
 
     def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:

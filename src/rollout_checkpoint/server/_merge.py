@@ -1,6 +1,6 @@
-"""Merging what the workers of one server committed: the one component archive written from
-their staged archives, its manifest ``extra`` and reply, and where a restore places each
-pre-crash owner's executions."""
+"""Merging what the workers of one server committed: the component manifest that refers to the
+parts they wrote (each record written once, by its worker), its ``extra`` and reply, and where
+a restore places each pre-crash owner's executions."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ..archive import ArchiveWriter, ManifestRef
+from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
 from ..errors import IntegrityError, InvalidPhaseError, InvalidRecordError
 from ..format import layout
-from ..format.record_reader import ArchiveReader
 from ..ids import ExecutionId
 from ..protocol import Capabilities, CommitReply, Phase, UnsafeEffect
 from ..store import ObjectStore
@@ -22,8 +21,8 @@ from ..store import ObjectStore
 __all__ = [
     "assign_owners",
     "execution_key",
+    "commit_parts",
     "merge_extra",
-    "merge_staged",
     "merged_reply",
     "session_owners",
     "unique_effects",
@@ -68,8 +67,8 @@ def merge_extra(
             if not isinstance(attempt, int):
                 raise InvalidRecordError("a worker's tombstone is not an attempt number")
             tombstones[rollout_id] = max(attempt, tombstones.get(rollout_id, attempt))
-    executions = sorted({e for r in replies.values() for e in r.executions}, key=execution_key)
-    restarts = sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)
+    executions = _united(r.executions for r in replies.values())
+    restarts = _united(r.restarts for r in replies.values())
     effects = unique_effects(e for r in replies.values() for e in r.unsafe_effects)
     merged: dict[str, JsonValue] = {
         "capabilities": caps.model_dump(mode="json"),
@@ -78,7 +77,7 @@ def merge_extra(
         "restarts": [[e.rollout_id, e.attempt] for e in restarts],
         "unsafe_effects": [u.model_dump(mode="json") for u in effects],
         "session_owners": {
-            wid: [[e.rollout_id, e.attempt] for e in sorted({*r.executions, *r.restarts}, key=execution_key)]
+            wid: [[e.rollout_id, e.attempt] for e in _united((r.executions, r.restarts))]
             for wid, r in sorted(replies.items())
         },
     }
@@ -90,6 +89,16 @@ def merge_extra(
                 raise IntegrityError(f"workers disagree on manifest extra {name!r} (worker {wid})")
             merged[name] = value
     return merged
+
+
+def _united(groups: Iterable[Iterable[ExecutionId]]) -> list[ExecutionId]:
+    """The executions of ``groups``, each once, sorted (keyed by plain tuples: a model's hash is
+    slow, and a group unites thousands)."""
+    seen: dict[tuple[str, int], ExecutionId] = {}
+    for group in groups:
+        for e in group:
+            seen.setdefault((e.rollout_id, e.attempt), e)
+    return [seen[k] for k in sorted(seen)]
 
 
 def unique_effects(effects: Iterable[UnsafeEffect]) -> list[UnsafeEffect]:
@@ -131,52 +140,75 @@ def merged_reply(
         manifest_key=None if ref is None else ref.key,
         manifest_sha256=None if ref is None else ref.sha256,
         manifest_bytes=None if ref is None else ref.bytes,
-        executions=tuple(sorted({e for r in replies.values() for e in r.executions}, key=execution_key)),
-        restarts=tuple(sorted({e for r in replies.values() for e in r.restarts}, key=execution_key)),
+        executions=tuple(_united(r.executions for r in replies.values())),
+        restarts=tuple(_united(r.restarts for r in replies.values())),
         unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
     )
 
 
-def merge_staged(
+def commit_parts(
     target: ObjectStore,
-    staging: dict[str, ObjectStore],
     checkpoint_id: str,
     caps: Capabilities,
     replies: dict[str, CommitReply],
     fence: Callable[[], None],
     lock: threading.Condition,
 ) -> ManifestRef:
-    """Verify every worker's staged archive and write ONE component archive of all their
-    records; ``fence`` decides (under ``lock``) whether the manifest may be written."""
+    """Write the component's manifest over the parts its workers committed (``replies``: worker
+    id -> the reply that pins its part's manifest): a format-2 archive that stores nothing and
+    refers to every member of every part, reading only their manifests, member indexes and
+    reference tables (never a payload byte). ``fence`` decides (under ``lock``) whether the
+    manifest may be written."""
     prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
-    readers = {
-        wid: ArchiveReader.open(staging[wid], prefix, expected_sha256=reply.manifest_sha256)
-        for wid, reply in replies.items()
-    }
-    extra = merge_extra(caps, {wid: dict(r.manifest.extra) for wid, r in readers.items()}, replies)
+    bases: dict[str, tuple[int, ManifestRef]] = {}
+
+    def base_of(base_prefix: str, ref: ManifestRef) -> int:
+        known = bases.get(base_prefix)
+        if known is None:
+            known = bases[base_prefix] = (len(bases), ref)
+        elif known[1] != ref:  # two parts pin different bytes of one archive: cannot be
+            raise IntegrityError(f"{base_prefix}: parts pin different manifests of one base archive")
+        return known[0]
+
+    columns: list[list[Any]] = [[] for _ in range(10)]  # the reference table's, in schema order
+    extras: dict[str, dict[str, JsonValue]] = {}
+    for wid in sorted(replies):
+        reply = replies[wid]
+        part = layout.component_part_prefix(checkpoint_id, caps.kind, caps.instance, wid)
+        if reply.manifest_key != f"{part}/{layout.MANIFEST_NAME}" or reply.manifest_sha256 is None:
+            raise IntegrityError(f"worker {wid} committed {reply.manifest_key}, not its part {part}")
+        reader = RawArchiveReader.open(target, part, expected_sha256=reply.manifest_sha256)
+        m = reader.manifest
+        if (m.checkpoint_id, m.participant_kind, m.instance) != (checkpoint_id, caps.kind, caps.instance):
+            raise IntegrityError(
+                f"{part}: part is {m.participant_kind}/{m.instance} of {m.checkpoint_id}, not "
+                f"{caps.kind}/{caps.instance} of {checkpoint_id}"
+            )
+        extras[wid] = dict(m.extra)
+        # the members the part stores (its digest-checked index): referred to in the part
+        stored = reader.stored_columns()
+        own = base_of(part, reader.manifest_ref)
+        for i in range(6):
+            columns[i].extend(stored[i])
+        columns[6].extend([own] * len(stored[0]))
+        for i in range(3):
+            columns[7 + i].extend(stored[6 + i])
+        # the members the part refers to: the same reference, into the same archive (flattened)
+        moved = [base_of(b.prefix, b.manifest) for b in m.bases or []]
+        for i, column in enumerate(reader.reference_columns()):
+            columns[i].extend(column if i != 6 else [moved[b] for b in column])
+    # no member twice: stored in two parts, referred to by two, or stored and referred to
+    identities = set(zip(*columns[:4], strict=True))
+    if len(identities) != len(columns[0]):
+        twice = len(columns[0]) - len(identities)
+        raise InvalidRecordError(f"{caps.kind}/{caps.instance}: {twice} members are in two workers' parts")
+    extra = merge_extra(caps, extras, replies)
     writer = ArchiveWriter(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
     )
     try:
-        for wid in sorted(readers):
-            # every shard's digest is checked before its rows; the count closes the set
-            read = 0
-            for raw in readers[wid].iter_raw():  # copied as stored: no decode, no re-encode
-                refs = None if raw.refs is None else json.loads(raw.refs)
-                writer.write_raw(
-                    raw.kind,
-                    raw.rollout_id,
-                    raw.attempt,
-                    raw.key,
-                    raw.payload,
-                    raw.revision,
-                    refs,
-                    schema_version=raw.schema_version,
-                )
-                read += 1
-            expected = sum(readers[wid].manifest.record_counts.values())
-            if read != expected:
-                raise IntegrityError(f"worker {wid} staged {expected} records, {read} were read")
+        ordered = sorted(bases.items(), key=lambda item: item[1][0])
+        writer.refer([(base_prefix, ref) for base_prefix, (_, ref) in ordered], columns)
         with lock:
             fence()
             writer.commit(extra=extra)

@@ -289,12 +289,14 @@ def checkpoint_router(
     @router.post("/commit", response_model=CommitReply, summary="export once, manifest last (or freeze)")
     async def commit(body: CommitRequest) -> CommitReply:
         store = target(body.store)
+        method: Any = participant.commit
+        options: dict[str, Any] = {}
         if body.publication == "async":
-            freeze = partial(publisher().commit, publication="async")
-            return await blocking(freeze, body.checkpoint_id, store, body.deadline_ts, scope(body.scope))
-        return await blocking(
-            participant.commit, body.checkpoint_id, store, body.deadline_ts, scope(body.scope)
-        )
+            method, options["publication"] = publisher().commit, "async"
+        if body.part is not None:  # a worker group's worker writes its share as a part
+            options["part"] = body.part
+        call = partial(method, **options)
+        return await blocking(call, body.checkpoint_id, store, body.deadline_ts, scope(body.scope))
 
     @router.post("/collect", response_model=CommitReply, summary="wait for an asynchronous commit's upload")
     async def collect(body: CheckpointRequest) -> CommitReply:

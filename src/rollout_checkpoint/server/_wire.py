@@ -128,6 +128,11 @@ class CommitRequest(_StoreScope):
         description="sync: upload before answering; async: freeze, answer 'frozen', upload in the "
         "background (wait for it with /collect)",
     )
+    part: Identifier | None = Field(
+        default=None,
+        description="write the archive as this part of the component (<component>/parts/<part>): "
+        "a worker group's worker, whose group refers to it",
+    )
 
 
 class RestoreRequest(_StoreScope):

@@ -7,12 +7,15 @@ operation reaches every worker and the answers are merged:
 * ``prepare``: ready when every worker is ready; blockers united (named by worker), counts
   summed. A worker that is missing (fewer registered than expected) or dead (unreachable) fails
   the prepare, and a dead one leaves the roster so its replacement can join;
-* ``commit``: every worker commits into its own staging area; the group verifies each staged
-  archive and writes ONE component archive with all their records, the merged ``extra`` and
-  ``session_owners`` (which worker held which execution); the staging is dropped after the
-  resume (a failed attempt's too), on a background thread, so its deletes never lengthen the pause. With
+* ``commit``: every worker writes its share as a *part* of the component archive
+  (``<component>/parts/<worker_id>``, incremental against its previous part like any
+  participant); the group then writes the component's manifest, which stores nothing and refers
+  to every member of every part (format 2), with the merged ``extra`` and ``session_owners``
+  (which worker held which execution). Each record is written once, by its worker; the group
+  reads only the parts' manifests, member indexes and reference tables. A failed attempt's parts
+  are an unpublished checkpoint's leftovers, which retention deletes. With
   ``publication="async"`` every worker freezes first (the group answers ``frozen`` once all
-  have); the resume starts the collection of the staged uploads and the merge on a background
+  have); the resume starts the collection of the parts and the manifest write on a background
   thread (``collect`` waits for it);
 * ``restore``: the executions of one pre-crash owner go to one live worker, owners spread
   evenly (fewest executions, then fewest owners); each worker restores its share from the merged
@@ -38,7 +41,7 @@ from typing import TypeVar
 import httpx
 
 from ..archive import ManifestRef
-from ..errors import InvalidPhaseError, ObjectNotFoundError, StaleCheckpointError
+from ..errors import InvalidPhaseError, StaleCheckpointError
 from ..format import layout
 from ..format.record_reader import ArchiveReader
 from ..ids import ExecutionId, validate_id
@@ -57,11 +60,10 @@ from ..protocol import (
 from ..protocol._publication import Upload, Uploads
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
-from ._merge import assign_owners, execution_key, merge_staged, merged_reply, session_owners
-from ._staging import STAGING_PREFIX, StagedCopies, StagingAreas, settle_uploads
+from ._merge import assign_owners, commit_parts, execution_key, merged_reply, session_owners
 from ._wire import ParticipantUnreachableError
 
-__all__ = ["STAGING_PREFIX", "WorkerGroup", "WorkerInfo"]
+__all__ = ["WorkerGroup", "WorkerInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,6 @@ class WorkerGroup:
         self._rollouts: dict[str, str] = {}
         # routing as it was before each restore not yet resumed (``abort_restore`` puts it back)
         self._routing_before: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
-        self._staging = StagingAreas()  # the staged copies a resume drops
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
         self._uploads = Uploads("worker-group", time.time)
 
@@ -312,85 +313,43 @@ class WorkerGroup:
                 f"commit {checkpoint_id}: {self.expected_workers - len(workers)} of {self.expected_workers} "
                 "workers missing"
             )
-        staging = {w.worker_id: f"{target.url}/{STAGING_PREFIX}/{w.worker_id}" for w in workers}
-        copies = StagedCopies(checkpoint_id, tuple(staging.values()))
         if publication == "sync":
-            try:
-                replies = self._each(
-                    lambda w: w.client.commit(checkpoint_id, staging[w.worker_id], deadline, scope), workers
-                )
-                fence = partial(self._not_resumed, checkpoint_id)
-                reply = self._merge(checkpoint_id, target, staging, replies, fence, self._lock)
-            except BaseException as exc:
-                # kept until the abort's resume: a repeat after a lost answer merges them again
-                self._drop_after_resume(copies)
-                if isinstance(exc, ObjectNotFoundError) and checkpoint_id in self._resumed:
-                    # the resume dropped the staged copies the merge was reading
-                    raise StaleCheckpointError(
-                        f"commit {checkpoint_id}: resumed meanwhile; nothing was published",
-                        checkpoint_id=checkpoint_id,
-                    ) from exc
-                raise
+            replies = self._each(
+                lambda w: w.client.commit(checkpoint_id, target, deadline, scope, part=w.worker_id), workers
+            )
+            fence = partial(self._not_resumed, checkpoint_id)
+            reply = self._merge(checkpoint_id, target, replies, fence, self._lock)
             with self._lock:
                 if checkpoint_id in self._resumed:
                     self._not_resumed(checkpoint_id)  # raises: resumed after the merge
                 self._commits[checkpoint_id] = reply
-            # garbage once the merged manifest exists; dropped after the resume (outside the pause)
-            self._drop_after_resume(copies)
             return reply
         # asynchronous: every worker freezes (all of them before the coordinator resumes any);
-        # after the resume the group collects their staged uploads and merges them
+        # after the resume the group collects their parts and writes the manifest over them
         self._uploads.wait_others(checkpoint_id, deadline)
-        # a worker that froze uploads into its staging after the resume, failed attempt or not
-        settle = partial(settle_uploads, [w.client for w in workers], checkpoint_id, deadline)
-        settled = StagedCopies(checkpoint_id, copies.urls, settle)
-        try:
-            frozen = self._each(
-                lambda w: w.client.commit(
-                    checkpoint_id, staging[w.worker_id], deadline, scope, publication="async"
-                ),
-                workers,
-            )
-        except BaseException:
-            self._drop_after_resume(settled)
-            raise
+        frozen = self._each(
+            lambda w: w.client.commit(
+                checkpoint_id, target, deadline, scope, publication="async", part=w.worker_id
+            ),
+            workers,
+        )
         reply = self._reply(checkpoint_id, Phase.FROZEN, None, frozen)
 
         def upload(fence: Upload) -> CommitReply:
-            try:
-                # one worker's failed upload fails the group's at once (nothing can publish)
-                staged = self._each(
-                    lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True
-                )
-                reply = self._merge(checkpoint_id, target, staging, staged, fence.check, fence.lock)
-            except BaseException:
-                self._drop_after_resume(settled, upload=True)  # once every worker's upload ended
-                raise
-            self._staging.drop([copies])  # this runs after the resume already
-            return reply
+            # one worker's failed upload fails the group's at once (nothing can publish)
+            parts = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True)
+            return self._merge(checkpoint_id, target, parts, fence.check, fence.lock)
 
         with self._lock:
             self._commits[checkpoint_id] = reply
-            self._staging.keep(checkpoint_id)  # a failed first try deferred a drop: the upload needs them
             self._uploads.register(checkpoint_id, 0, deadline, upload)
         return reply
 
     def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
-        """Wait (until ``deadline``) for the group's background upload: every worker's staged
-        archive collected and merged into the one component archive."""
+        """Wait (until ``deadline``) for the group's background upload: every worker's part
+        collected and the component manifest written over them."""
         validate_id(checkpoint_id, "checkpoint_id")
         return self._uploads.collect(checkpoint_id, deadline)
-
-    def _drop_after_resume(self, copies: StagedCopies, *, upload: bool = False) -> None:
-        """Drop ``copies`` after their checkpoint's resume (at once if it came), decided under the
-        lock the resume takes them under; what a registered upload merges only the upload drops."""
-        with self._lock:
-            if not upload and self._uploads.get(copies.checkpoint_id) is not None:
-                return
-            if copies.checkpoint_id not in self._resumed:
-                self._staging.defer(copies)
-                return
-        self._staging.drop_later([copies])
 
     def _not_resumed(self, checkpoint_id: str) -> None:
         if checkpoint_id in self._resumed:
@@ -408,16 +367,12 @@ class WorkerGroup:
         self,
         checkpoint_id: str,
         target: ObjectStore,
-        staging: dict[str, str],
         replies: dict[str, CommitReply],
         fence: Callable[[], None],
         lock: threading.Condition,
     ) -> CommitReply:
-        """Write ONE component archive of every worker's staged records (``merge_staged``); the
-        caller drops the staging once the pause is over."""
-        caps = self.capabilities()
-        stores = {wid: self._staging.store(staging[wid]) for wid in replies}
-        ref = merge_staged(target, stores, checkpoint_id, caps, replies, fence, lock)
+        """Write the component manifest over the workers' parts (``commit_parts``)."""
+        ref = commit_parts(target, checkpoint_id, self.capabilities(), replies, fence, lock)
         return self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
 
     def restore(
@@ -493,13 +448,7 @@ class WorkerGroup:
             while len(self._resumed) > RESUMED_IDS_KEPT:
                 self._resumed.popitem(last=False)
             self._commits.pop(checkpoint_id, None)
-            # this checkpoint's staging, and any left by a commit that was never resumed
-            drops = self._staging.take()
-        try:
-            replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
-        finally:
-            # after the workers' resume: a frozen worker's upload has started, so settling waits for it
-            self._staging.drop_later(drops)
+        replies = self._each(lambda w: w.client.resume(checkpoint_id, deadline))
         self._uploads.launch(checkpoint_id)  # an asynchronous commit's merge, after the workers'
         return ResumeReply(
             checkpoint_id=checkpoint_id,
