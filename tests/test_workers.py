@@ -24,7 +24,6 @@ from rollout_checkpoint.format.layout import component_prefix
 from rollout_checkpoint.format.records import AgentBoundaryRecord
 from rollout_checkpoint.registry import LiveExecutionRegistry
 from rollout_checkpoint.server import (
-    CHECKPOINT_ROUTE_PREFIX,
     VIA_HEADER,
     ParticipantUnreachableError,
     RemoteParticipant,
