@@ -22,8 +22,8 @@ import pytest
 
 import rollout_checkpoint
 from rollout_checkpoint.archive import ArchiveWriter, _reader
-from rollout_checkpoint.format import ArchiveReader
-from rollout_checkpoint.store import MemoryStore
+from rollout_checkpoint.format import ArchiveReader, layout
+from rollout_checkpoint.store import LocalStore, MemoryStore
 
 WORKER = Path(__file__).with_name("_native_exit_worker.py")
 
@@ -31,8 +31,29 @@ WORKER = Path(__file__).with_name("_native_exit_worker.py")
 def test_a_process_exits_cleanly_right_after_reading_token_shards(tmp_path: Path) -> None:
     """Before the fix the worker aborted (exit -6) within a few dozen reads: pyarrow's I/O
     threads called the streams and released some of them while the interpreter finalized."""
+    report = _run(tmp_path, "reads", 200)
+    assert report == {"reads": 200, "released_elsewhere": False, "callers": ["MainThread"]}
+
+
+def test_an_upload_in_flight_ends_before_the_interpreter_finalizes(tmp_path: Path) -> None:
+    """A served participant stopped while it uploads: the upload thread is joined before the
+    interpreter finalizes (it was a daemon thread that still ran pyarrow then, 4 runs in 5), the
+    process exits 0, and nothing half written is published: a manifest, if the upload got that
+    far, describes a whole archive."""
+    out = _run(tmp_path, "upload", 400)
+    assert out == [
+        {"uploading": ["upload-agent/agent-0-ck-exit"]},
+        {"uploading_at_finalization": []},
+    ]
+    prefix = layout.component_prefix("ck-exit", "agent", "agent-0")
+    store = LocalStore(tmp_path, fsync=False)
+    if store.exists(f"{prefix}/manifest.json"):
+        ArchiveReader.open(store, prefix).verify()
+
+
+def _run(root: Path, mode: str, number: int) -> Any:
     proc = subprocess.run(
-        [sys.executable, str(WORKER), str(tmp_path), "200"],
+        [sys.executable, str(WORKER), str(root), mode, str(number)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -40,8 +61,8 @@ def test_a_process_exits_cleanly_right_after_reading_token_shards(tmp_path: Path
     )
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert "terminate called" not in proc.stderr
-    report = json.loads(proc.stdout)
-    assert report == {"reads": 200, "released_elsewhere": False, "callers": ["MainThread"]}
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    return lines[0] if len(lines) == 1 else lines
 
 
 def test_a_member_lookup_decodes_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
