@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         manifest_to_bytes,
         parse_component_manifest,
     )
+    from ._parquet_io import open_parquet_file
     from ._reader import (
         RawArchiveReader,
         RawRecord,
@@ -71,6 +72,7 @@ _EXPORTS = {
     "INDEX_SCHEMA": "._schema",
     "SHARD_SCHEMA": "._schema",
     "ArchiveWriter": "._writer",
+    "open_parquet_file": "._parquet_io",
 }
 
 
@@ -103,5 +105,6 @@ __all__ = [
     "component_prefixes",
     "find_component_prefixes",
     "manifest_to_bytes",
+    "open_parquet_file",
     "parse_component_manifest",
 ]

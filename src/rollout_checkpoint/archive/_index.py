@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import pyarrow as pa
 
 from ..errors import InvalidRecordError
-from ._parquet_io import open_parquet_writer, read_footer_metadata
+from ._parquet_io import open_parquet_file, open_parquet_writer, read_footer_metadata
 from ._schema import (
     INDEX_FORMAT_VERSION,
     INDEX_MEMBER_COLUMNS,
@@ -277,9 +277,7 @@ class MemberIndex:
     def from_bytes(cls, data: bytes, shard_count: int) -> MemberIndex:
         """Parse index bytes; ``InvalidRecordError`` when they do not describe ``shard_count`` shards."""
         try:
-            import pyarrow.parquet as pq
-
-            pf = pq.ParquetFile(pa.BufferReader(data))
+            pf = open_parquet_file(pa.BufferReader(data))
             schema = pf.schema_arrow
             # file key-value metadata: the writer adds it when it closes the index (it is not in
             # the Arrow schema stored at the start of the stream)

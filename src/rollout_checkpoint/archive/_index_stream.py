@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ..store import ObjectStore
 from ._index import IndexWriter, RowGroupSpan, compute
+from ._parquet_io import open_parquet_file
 from ._schema import INDEX_MEMBER_COLUMNS
 from ._shard import encoding_pool
 
@@ -66,12 +67,10 @@ class IndexStream:
 
     def _rebuild(self, shard_keys: list[str], spans: list[list[RowGroupSpan]]) -> IndexWriter:
         """Stream the index again from the uploaded shards' member columns (after a failure)."""
-        import pyarrow.parquet as pq
-
         writer = self._open()
         for key, shard_spans in zip(shard_keys, spans, strict=True):
             with self.store.open_read(key) as fh:
-                pf = pq.ParquetFile(fh)
+                pf = open_parquet_file(fh)
                 row_groups = [
                     pf.read_row_group(rg, columns=INDEX_MEMBER_COLUMNS, use_threads=False)
                     for rg in range(pf.num_row_groups)
@@ -120,10 +119,8 @@ class IndexStream:
         from the closed index), or None when their hashes only collide."""
         cols = ["kind", "rollout_id", "attempt", "key"]
         seen: set[Ident] = set()
-        import pyarrow.parquet as pq
-
         with self.store.open_read(self.key) as fh:
-            pf = pq.ParquetFile(fh)
+            pf = open_parquet_file(fh)
             start = 0
             for rg in range(pf.num_row_groups):
                 n = pf.metadata.row_group(rg).num_rows

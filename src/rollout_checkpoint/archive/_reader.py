@@ -15,13 +15,13 @@ from typing import Any, Self
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
 from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
+from ._parquet_io import open_parquet_file
 from ._referring import ReferringArchive
 from ._rows import RawRecord, WindowFile, check_schema, raw_rows
 from ._schema import MANIFEST_NAME, join_key
@@ -287,7 +287,7 @@ class RawArchiveReader(ReferringArchive):
             if wanted is not None and i not in wanted:
                 continue
             data = self._shard_data(i, shard)
-            pf = pq.ParquetFile(pa.BufferReader(data))
+            pf = open_parquet_file(pa.BufferReader(data))
             key = self.key_of(shard.key)
             check_schema(pf.schema_arrow, key)
             for rg in range(pf.num_row_groups):
@@ -386,7 +386,7 @@ class RawArchiveReader(ReferringArchive):
         except ObjectNotFoundError:
             raise _missing(shard_key, f"shard {shard_no}") from None
         check_bytes(shard_key, data, span.length, span.sha256, f"row group {row_group} of shard {shard_no}")
-        pf = pq.ParquetFile(
+        pf = open_parquet_file(
             WindowFile(shard.bytes, span.offset, data), metadata=index.footer_metadata(shard_no)
         )
         try:

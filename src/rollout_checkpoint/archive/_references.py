@@ -23,7 +23,7 @@ import pyarrow as pa
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
 from ._names import is_part_of
-from ._parquet_io import open_parquet_writer
+from ._parquet_io import open_parquet_file, open_parquet_writer
 from ._schema import join_key
 
 if TYPE_CHECKING:
@@ -117,9 +117,7 @@ def reference_table_bytes(columns: Sequence[Sequence[Any]], zstd_level: int = 1)
 def parse_reference_table(data: bytes, base_count: int) -> list[Reference]:
     """Rows of a digest-checked reference table; ``InvalidRecordError`` when they are not valid."""
     try:
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(pa.BufferReader(data), use_threads=False)
+        table = open_parquet_file(pa.BufferReader(data)).read(use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise InvalidRecordError(f"reference table is not readable: {exc}") from None
     if not table.schema.remove_metadata().equals(REFERENCE_SCHEMA):
@@ -139,10 +137,9 @@ def reference_columns(data: bytes, base_count: int) -> list[list[Any]]:
     base and location checked like :func:`parse_reference_table`'s, without an object per row
     (``InvalidRecordError`` when they are not valid)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(pa.BufferReader(data), use_threads=False)
+        table = open_parquet_file(pa.BufferReader(data)).read(use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise InvalidRecordError(f"reference table is not readable: {exc}") from None
     if not table.schema.remove_metadata().equals(REFERENCE_SCHEMA):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
+from ._parquet_io import open_parquet_file
 from ._references import (
     REFERENCE_SCHEMA,
     Reference,
@@ -180,7 +181,6 @@ def _row_by_footer(base: StoredArchive, shard_no: int, row_group: int, row: int)
     """Row ``row`` of row group ``row_group`` of a shard of ``base``: its footer (position from the
     pinned manifest) and the row group's byte range, two ranged GETs; nothing digest-checked."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from ._index import metadata_from_footer
     from ._rows import WindowFile, raw_rows
@@ -207,7 +207,7 @@ def _row_by_footer(base: StoredArchive, shard_no: int, row_group: int, row: int)
             ends.append(start + column.total_compressed_size)
         offset = min(starts)
         data = base.store.get_range(key, offset, max(ends))
-        table = pq.ParquetFile(WindowFile(shard.bytes, offset, data), metadata=metadata).read_row_group(
+        table = open_parquet_file(WindowFile(shard.bytes, offset, data), metadata=metadata).read_row_group(
             row_group, use_threads=False
         )
     except ObjectNotFoundError:

@@ -131,7 +131,11 @@ class Uploads:
                     upload.done.set()
                     self._lock.notify_all()
 
-        threading.Thread(target=run, name=f"upload-{self._name}-{checkpoint_id}", daemon=True).start()
+        # Not a daemon: the interpreter joins it before it finalizes. A daemon thread still in
+        # pyarrow then is ended inside native code, which can abort the process at exit; this
+        # one ends when its archive does, or at its next row group once the encoder pool refuses
+        # work at interpreter shutdown (the upload fails: no manifest, nothing published).
+        threading.Thread(target=run, name=f"upload-{self._name}-{checkpoint_id}", daemon=False).start()
 
     def cancel(self, checkpoint_id: str) -> None:
         """Void the upload (its manifest is never written); it stops at its next record."""

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import TypeAdapter, ValidationError
 
+from ..archive import open_parquet_file
 from ..errors import IntegrityError, InvalidRecordError, ObjectExistsError, ObjectNotFoundError
 from ..format import layout
 from ..ids import validate_id, validate_key
@@ -160,7 +161,7 @@ class ObjectStoreTokenStore:
         found: list[tuple[str, TokenSnapshotEntry]] = []
         for shard in new:
             with self.store.open_read(shard) as fh:
-                table = pq.ParquetFile(fh).read(columns=["key", "digest", "length"], use_threads=False)
+                table = open_parquet_file(fh).read(columns=["key", "digest", "length"], use_threads=False)
             for row, (key, digest, length) in enumerate(
                 zip(
                     table["key"].to_pylist(),
@@ -316,7 +317,7 @@ def load_snapshot(store: str | ObjectStore, receipt: TokenSnapshotReceipt) -> di
 def _read_shard(store: ObjectStore, shard: str) -> pa.Table:
     try:
         with store.open_read(shard) as fh:
-            return pq.ParquetFile(fh).read(use_threads=False)
+            return open_parquet_file(fh).read(use_threads=False)
     except ObjectNotFoundError:
         raise IntegrityError(f"token shard {shard} is missing", key=shard, problem="missing") from None
     except (pa.ArrowException, OSError) as exc:
