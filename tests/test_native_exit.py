@@ -70,7 +70,7 @@ def test_a_member_lookup_decodes_on_the_calling_thread(monkeypatch: pytest.Monke
     it from this thread only."""
     callers: set[str] = set()
 
-    class Recording(_reader._WindowFile):
+    class Recording(_reader.WindowFile):
         def readinto(self, buffer: Any) -> int:
             callers.add(threading.current_thread().name)
             return super().readinto(buffer)
@@ -79,7 +79,7 @@ def test_a_member_lookup_decodes_on_the_calling_thread(monkeypatch: pytest.Monke
             callers.add(threading.current_thread().name)
             return super().seek(pos, whence)
 
-    monkeypatch.setattr(_reader, "_WindowFile", Recording)
+    monkeypatch.setattr(_reader, "WindowFile", Recording)
     store = MemoryStore("native-exit")
     writer = ArchiveWriter(store, "ck/agent", checkpoint_id="c1", participant_kind="agent", instance="a0")
     records = [{"rollout_id": f"r{i}", "attempt": 0, "n": i} for i in range(50)]

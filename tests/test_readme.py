@@ -28,7 +28,7 @@ def test_quickstart_runs() -> None:
 def test_readme_names_the_two_commands_and_ci_runs_the_test_command() -> None:
     text = README.read_text()
     ci = (README.parent / ".ci" / "run").read_text()
-    test_command = re.search(r"(python3 -m venv \.venv && .*pytest -q)", text)
+    test_command = re.search(r"(python3 -m venv \.venv && .*pytest -q[^\n`]*)", text)
     assert test_command is not None
     assert test_command.group(1) in ci
     assert "rollout-checkpoint demo" in text
