@@ -103,6 +103,11 @@ def test_async_checkpoint_of_reference_participants_restores(local_store: Object
     second.close()
 
 
+def _soon() -> float:
+    """A deadline well ahead, within the 3600 s a participant accepts (``max_deadline_seconds``)."""
+    return time.time() + 600
+
+
 # -- fault injection at every step of an asynchronous cycle -------------------------------------------
 
 _HEX = re.compile(r"[0-9a-f]{32}")
@@ -346,19 +351,19 @@ def test_participant_async_commit_is_idempotent_and_collect_too() -> None:
     store = memory_store("async")
     agent = SlowAgent()
     agent.release.set()
-    agent.prepare("ck-a", 2e9)
-    frozen = agent.commit("ck-a", store, 2e9, publication="async")
+    agent.prepare("ck-a", _soon())
+    frozen = agent.commit("ck-a", store, _soon(), publication="async")
     assert frozen.phase is Phase.FROZEN and frozen.manifest_key is None
-    assert agent.commit("ck-a", store, 2e9, publication="async") == frozen  # lost answer repeated
+    assert agent.commit("ck-a", store, _soon(), publication="async") == frozen  # lost answer repeated
     with pytest.raises(InvalidPhaseError):
-        agent.commit("ck-a", store, 2e9)  # the other mode
-    agent.resume("ck-a", 2e9)
-    committed = agent.collect("ck-a", 2e9)
+        agent.commit("ck-a", store, _soon())  # the other mode
+    agent.resume("ck-a", _soon())
+    committed = agent.collect("ck-a", _soon())
     assert committed.phase is Phase.COMMITTED and committed.executions == frozen.executions
-    assert agent.collect("ck-a", 2e9) == committed
+    assert agent.collect("ck-a", _soon()) == committed
     assert len(_manifests(store, "ck-a")) == 1
     with pytest.raises(PublicationUnknownError):
-        agent.collect("ck-never", 2e9)
+        agent.collect("ck-never", _soon())
     with pytest.raises(ValueError):
         CommitReply(checkpoint_id="x", phase=Phase.COMMITTED, kind="agent", instance="a")
     agent.close()
@@ -440,12 +445,12 @@ def test_collect_alone_never_starts_the_upload() -> None:
 def test_a_resume_does_not_cancel_the_upload() -> None:
     store = memory_store("async")
     agent = SlowAgent()
-    agent.prepare("ck-r", 2e9)
-    agent.commit("ck-r", store, 2e9, publication="async")
-    agent.resume("ck-r", 2e9)
-    assert agent.resume("ck-r", 2e9).idempotent
+    agent.prepare("ck-r", _soon())
+    agent.commit("ck-r", store, _soon(), publication="async")
+    agent.resume("ck-r", _soon())
+    assert agent.resume("ck-r", _soon()).idempotent
     agent.release.set()
-    assert agent.collect("ck-r", 2e9).phase is Phase.COMMITTED
+    assert agent.collect("ck-r", _soon()).phase is Phase.COMMITTED
     assert len(_manifests(store, "ck-r")) == 1
     agent.close()
 

@@ -49,8 +49,13 @@ def _store(url: str, options: list[str]) -> ObjectStore:
 
 def _demo(url: str, options: list[str]) -> str:
     result = runner.invoke(app, ["demo", url, "--in-process", "--rollouts", "10", "--json", *options])
-    assert result.exit_code == 0, result.output
-    return str(json.loads(result.stdout.strip().splitlines()[-1])["checkpoint_id"])
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # what this test needs is the run's checkpoints; on a loaded machine a slow first pause can let
+    # every generation finish before the crash, which the demo reports as its only failure
+    no_cut = "no generation was continued from a cut"
+    assert result.exit_code == 0 or all(f.startswith(no_cut) for f in report["failures"]), result.output
+    assert report["checkpoints_published"] == 2 and report["matches_uninterrupted"], result.output
+    return str(report["checkpoint_id"])
 
 
 def _classify(url: str, options: list[str]) -> dict[str, object]:

@@ -5,14 +5,24 @@ a live server's folder is never touched; a server stopped normally removes its o
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from _procs import WorkerServer, kill_group
-from rollout_checkpoint.server._scratch import LEGACY_GRACE_SECONDS, ScratchFolder, sweep_scratch
+from rollout_checkpoint.errors import InvalidArgumentError
+from rollout_checkpoint.server._scratch import (
+    LEGACY_GRACE_SECONDS,
+    SOCKET_PATH_MAX,
+    ScratchFolder,
+    scratch_parent,
+    sweep_scratch,
+)
 
 TOKEN = "tok-scratch-recovery-0123"
 
@@ -21,7 +31,37 @@ def _folders(root: Path) -> list[Path]:
     return sorted(root.glob("rc-workers-*"))
 
 
-def test_a_live_folder_is_kept_an_abandoned_one_is_swept(tmp_path: Path) -> None:
+@pytest.fixture()
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory short enough for socket paths below it (pytest's own, under
+    pytest-xdist, can be too long, and then the server would use ``/tmp`` instead)."""
+    path = Path(tempfile.mkdtemp(prefix="rc-t-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_temporary_directory_too_long_for_socket_paths_falls_back_to_a_short_one(tmp_path: Path) -> None:
+    long = tmp_path / ("x" * SOCKET_PATH_MAX)
+    assert scratch_parent(Path("/tmp")) == Path("/tmp")  # short enough: kept
+    chosen = scratch_parent(long)
+    assert chosen != long and len(str(chosen)) < 20
+    folder = ScratchFolder(str(long))  # would fail to bind its sockets below ``long``
+    try:
+        assert folder.path.parent == chosen
+    finally:
+        folder.close()
+
+
+def test_no_short_temporary_directory_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("rollout_checkpoint.server._scratch._SHORT_PARENTS", ())
+    with pytest.raises(InvalidArgumentError, match="set TMPDIR to a shorter directory"):
+        ScratchFolder(str(tmp_path / ("x" * SOCKET_PATH_MAX)))
+
+
+def test_a_live_folder_is_kept_an_abandoned_one_is_swept(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     live = ScratchFolder(str(tmp_path))
     assert live.path.name.startswith("rc-workers-") and (live.path / "owner.lock").exists()
     assert sweep_scratch(tmp_path) == [] and live.path.exists()  # locked by this process
@@ -39,9 +79,8 @@ def test_a_live_folder_is_kept_an_abandoned_one_is_swept(tmp_path: Path) -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_next_server_removes_a_sigkilled_servers_scratch_folder(tmp_path: Path) -> None:
-    scratch = tmp_path / "t"
-    scratch.mkdir()
+def test_the_next_server_removes_a_sigkilled_servers_scratch_folder(tmp_path: Path, short_tmp: Path) -> None:
+    scratch = short_tmp
     env = {"TMPDIR": str(scratch)}
     store = tmp_path / "store"
     first = WorkerServer(store, 2, token=TOKEN, env=env)

@@ -18,11 +18,21 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "SCRATCH_PREFIX", "ScratchFolder", "sweep_scratch"]
+from ..errors import InvalidArgumentError
+
+__all__ = [
+    "LOCK_NAME",
+    "SCRATCH_PREFIX",
+    "SOCKET_PATH_MAX",
+    "ScratchFolder",
+    "scratch_parent",
+    "sweep_scratch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +40,52 @@ SCRATCH_PREFIX = "rc-workers-"
 LOCK_NAME = "owner.lock"
 LEGACY_GRACE_SECONDS = 60.0
 _GROUP_SOCKET = "group.sock"
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
+"""The longest Unix socket path the kernel binds (``sun_path`` holds 104 or 108 bytes, NUL included)."""
+_SHORT_PARENTS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _longest_socket_name() -> int:
+    """The longest file name a scratch folder holds a socket under: ``w<pid>.sock``, any pid."""
+    try:
+        digits = len(Path("/proc/sys/kernel/pid_max").read_text().strip())
+    except (OSError, ValueError):
+        digits = 7
+    return max(len(_GROUP_SOCKET), len("w.sock") + digits)
+
+
+def scratch_parent(parent: str | Path | None = None) -> Path:
+    """Where scratch folders go: ``parent`` (default: the temporary directory) if every socket
+    path below it fits :data:`SOCKET_PATH_MAX`, else the first short system temporary directory
+    that is writable (a long ``TMPDIR``, as under a test runner, would make ``bind`` fail);
+    :class:`~rollout_checkpoint.errors.InvalidArgumentError` when there is none."""
+    root = Path(parent or tempfile.gettempdir())
+
+    def fits(folder: Path) -> bool:
+        # <folder>/rc-workers-XXXXXXXX/<socket name>
+        return (
+            len(os.fsencode(folder)) + 1 + len(SCRATCH_PREFIX) + 8 + 1 + _longest_socket_name()
+            <= SOCKET_PATH_MAX
+        )
+
+    if fits(root):
+        return root
+    for short in _SHORT_PARENTS:
+        candidate = Path(short)
+        if candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK) and fits(candidate):
+            log.info("temporary directory %s is too long for Unix socket paths; using %s", root, candidate)
+            return candidate
+    raise InvalidArgumentError(
+        f"the temporary directory {root} is too long for the server's Unix socket paths "
+        f"(at most {SOCKET_PATH_MAX} bytes each); set TMPDIR to a shorter directory"
+    )
 
 
 class ScratchFolder:
     """A new, locked scratch folder (after sweeping abandoned ones); :meth:`close` removes it."""
 
     def __init__(self, parent: str | None = None) -> None:
-        root = Path(parent or tempfile.gettempdir())
+        root = scratch_parent(parent)
         self.swept = sweep_scratch(root)
         fresh = Path(tempfile.mkdtemp(prefix="rc-new-", dir=root))
         self._fd = os.open(fresh / LOCK_NAME, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
