@@ -114,14 +114,21 @@ def reference_table_bytes(columns: Sequence[Sequence[Any]], zstd_level: int = 1)
     return sink.getvalue()
 
 
-def parse_reference_table(data: bytes, base_count: int) -> list[Reference]:
-    """Rows of a digest-checked reference table; ``InvalidRecordError`` when they are not valid."""
+def _read_reference_table(data: bytes) -> pa.Table:
+    """A digest-checked reference table's bytes as a table of ``REFERENCE_SCHEMA``
+    (``InvalidRecordError`` when they are not one)."""
     try:
         table = open_parquet_file(pa.BufferReader(data)).read(use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise InvalidRecordError(f"reference table is not readable: {exc}") from None
     if not table.schema.remove_metadata().equals(REFERENCE_SCHEMA):
         raise InvalidRecordError("reference table columns do not match the reference schema")
+    return table
+
+
+def parse_reference_table(data: bytes, base_count: int) -> list[Reference]:
+    """Rows of a digest-checked reference table; ``InvalidRecordError`` when they are not valid."""
+    table = _read_reference_table(data)
     rows = [
         Reference(*row)
         for row in zip(*(table.column(n).to_pylist() for n in REFERENCE_SCHEMA.names), strict=True)
@@ -138,12 +145,7 @@ def reference_columns(data: bytes, base_count: int) -> list[list[Any]]:
     (``InvalidRecordError`` when they are not valid)."""
     import pyarrow.compute as pc
 
-    try:
-        table = open_parquet_file(pa.BufferReader(data)).read(use_threads=False)
-    except (pa.ArrowException, OSError) as exc:
-        raise InvalidRecordError(f"reference table is not readable: {exc}") from None
-    if not table.schema.remove_metadata().equals(REFERENCE_SCHEMA):
-        raise InvalidRecordError("reference table columns do not match the reference schema")
+    table = _read_reference_table(data)
     if table.num_rows:
         bases = pc.min_max(table.column("base")).as_py()
         lowest = min(pc.min(table.column(n)).as_py() for n in ("shard", "row_group", "row"))
