@@ -7,6 +7,7 @@ once, the resolver over the bases it names, and the cheap and full checks of tho
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -88,9 +89,7 @@ class ReferringArchive:
             columns = reference_columns(data, len(self.manifest.bases or []))
         except InvalidRecordError as exc:
             raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
-        counts: dict[str, int] = {}
-        for kind in columns[0]:
-            counts[kind] = counts.get(kind, 0) + 1
+        counts = Counter(columns[0])
         if len(columns[0]) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
             problem = "reference table does not match the manifest's counts"
             raise IntegrityError(f"{key}: {problem}", key=key, problem="inconsistent")

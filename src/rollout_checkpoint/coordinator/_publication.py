@@ -78,6 +78,12 @@ class PinChecks:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def __enter__(self) -> PinChecks:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 class Publisher(CoordinatorCore):
     """Steps 3 to 7 of the cycle (``docs/protocol.md``) and the checks they make."""
@@ -95,90 +101,72 @@ class Publisher(CoordinatorCore):
         # 3. validate every component manifest (digest named by the reply) and its bytes; the
         # components concurrently (a remote store answers slowly), the first failure in prepare
         # order raised, each error naming its component
-        pins = PinChecks()
-        try:
-            return self._complete_pinned(
-                cid, deadline, hooked, committed, registry, framework_state, steps, pins
-            )
-        finally:
-            pins.close()
-
-    def _complete_pinned(
-        self,
-        cid: str,
-        deadline: float,
-        hooked: ObjectStore,
-        committed: Committed,
-        registry: LiveExecutionRegistry,
-        framework_state: JsonValue,
-        steps: Steps,
-        pins: PinChecks,
-    ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
-        with steps.step("validate"):
-            for name, _, _ in committed:
-                self._step(f"validate:{name}")
-            validated = self._fan_out(
-                [
-                    (name, partial(self._validate, cid, p, reply, pins, order))
-                    for order, (name, p, reply) in enumerate(committed)
-                ]
-            )
-            components: list[ComponentRef] = [ref for _, ref in validated]
-
-        # 4. the framework's own component: the live-execution registry
-        with steps.step("registry"):
-            self._check_deadline(cid, deadline, "registry")
-            _, registry_ref = registry.write_component(
-                hooked, cid, catalog=self.registry_catalog, **self.writer_options
-            )
-            self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
-            components.append(
-                self._validate_ref(
-                    cid,
-                    REGISTRY_KIND,
-                    REGISTRY_INSTANCE,
-                    "framework",
-                    None,
-                    registry_ref,
-                    pins,
-                    len(committed),
+        with PinChecks() as pins:
+            with steps.step("validate"):
+                for name, _, _ in committed:
+                    self._step(f"validate:{name}")
+                validated = self._fan_out(
+                    [
+                        (name, partial(self._validate, cid, p, reply, pins, order))
+                        for order, (name, p, reply) in enumerate(committed)
+                    ]
                 )
-            )
+                components: list[ComponentRef] = [ref for _, ref in validated]
 
-        # 5. aggregate manifest, create-only
-        with steps.step("aggregate"):
-            token = new_commit_token()
-            created_at = datetime.fromtimestamp(self.clock(), tz=UTC)
-            aggregate = AggregateManifest(
-                checkpoint_id=cid,
-                commit_token=token,
-                created_at=created_at,
-                prepare_order=list(PREPARE_ORDER),
-                components=components,
-                dispatched=len(registry),
-            )
-            aggregate_ref = write_aggregate(hooked, aggregate)
+            # 4. the framework's own component: the live-execution registry
+            with steps.step("registry"):
+                self._check_deadline(cid, deadline, "registry")
+                _, registry_ref = registry.write_component(
+                    hooked, cid, catalog=self.registry_catalog, **self.writer_options
+                )
+                self._step(f"validate:{REGISTRY_KIND}/{REGISTRY_INSTANCE}")
+                components.append(
+                    self._validate_ref(
+                        cid,
+                        REGISTRY_KIND,
+                        REGISTRY_INSTANCE,
+                        "framework",
+                        None,
+                        registry_ref,
+                        pins,
+                        len(committed),
+                    )
+                )
 
-        # 6. token-store snapshot bound to this checkpoint id, validated before use
-        with steps.step("tokens"):
-            receipt: dict[str, JsonValue] | None = None
-            if self.token_source is not None:
-                self._step("token_snapshot")
-                source = self.token_source
-                receipt = receipt_json(self._call("tokens", "snapshot", source.snapshot, cid, hook=False))
-                self._validate_snapshot(receipt)
+            # 5. aggregate manifest, create-only
+            with steps.step("aggregate"):
+                token = new_commit_token()
+                created_at = datetime.fromtimestamp(self.clock(), tz=UTC)
+                aggregate = AggregateManifest(
+                    checkpoint_id=cid,
+                    commit_token=token,
+                    created_at=created_at,
+                    prepare_order=list(PREPARE_ORDER),
+                    components=components,
+                    dispatched=len(registry),
+                )
+                aggregate_ref = write_aggregate(hooked, aggregate)
 
-        # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
-        with steps.step("publish") as published:
-            pins.join()  # format 2: every pinned base checked (concurrently with steps 4 to 6)
-            self._check_deadline(cid, deadline, "publish")
-            self._step("publish")
-            record, ref = self._publish(
-                cid, token, created_at, aggregate_ref, components, receipt, framework_state, registry
-            )
-            self._last_sequence = record.sequence
-            published.set(Attr.SEQUENCE, record.sequence)
-        return record, ref
+            # 6. token-store snapshot bound to this checkpoint id, validated before use
+            with steps.step("tokens"):
+                receipt: dict[str, JsonValue] | None = None
+                if self.token_source is not None:
+                    self._step("token_snapshot")
+                    source = self.token_source
+                    receipt = receipt_json(self._call("tokens", "snapshot", source.snapshot, cid, hook=False))
+                    self._validate_snapshot(receipt)
+
+            # 7. THE COMMIT POINT: sequence claim, then the global record (both create-only)
+            with steps.step("publish") as published:
+                pins.join()  # format 2: every pinned base checked (concurrently with steps 4 to 6)
+                self._check_deadline(cid, deadline, "publish")
+                self._step("publish")
+                record, ref = self._publish(
+                    cid, token, created_at, aggregate_ref, components, receipt, framework_state, registry
+                )
+                self._last_sequence = record.sequence
+                published.set(Attr.SEQUENCE, record.sequence)
+            return record, ref
 
     def _publish(
         self,

@@ -62,7 +62,7 @@ def scratch_parent(parent: str | Path | None = None) -> Path:
     root = Path(parent or tempfile.gettempdir())
 
     def fits(folder: Path) -> bool:
-        # <folder>/rc-workers-XXXXXXXX/<socket name>
+        # <folder>/rc-workers-<8 random characters from mkdtemp>/<socket name>
         return (
             len(os.fsencode(folder)) + 1 + len(SCRATCH_PREFIX) + 8 + 1 + _longest_socket_name()
             <= SOCKET_PATH_MAX
