@@ -81,3 +81,38 @@ def test_damaged_token_shard_fails_verify_but_not_classification(tmp_path: Path,
     result = CliRunner().invoke(app, ["verify", str(root)])
     assert result.exit_code == 1
     assert "token" in result.output
+
+
+def _rewrite_row0(shard: Path, column: str, value: object) -> None:
+    table = pq.read_table(shard)
+    values = table[column].to_pylist()
+    values[0] = value
+    table = table.set_column(
+        table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type)
+    )
+    pq.write_table(table, shard, compression="zstd")
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("digest", "0" * 64), ("length", 1), ("mask", None)],
+    ids=["listed-digest", "listed-length", "invalid-entry"],
+)
+def test_a_row_that_disagrees_with_its_listing_or_decodes_to_no_entry_is_an_integrity_error(
+    tmp_path: Path, column: str, value: object
+) -> None:
+    """Damage a reader could mistake for a record error or for metadata: the shard's own digest and
+    length columns must agree with the snapshot, and bytes that decode to an invalid entry (a mask
+    of -2s) are damage, not a caller's bad input."""
+    root, store = _demo(tmp_path)
+    shard = _token_shards(root)[0]
+    if column == "mask":
+        value = [-2] * len(pq.read_table(shard)["mask"][0].as_py())
+    _rewrite_row0(shard, column, value)
+    plan = load_checkpoint(store, verify=False)
+    receipt = TokenSnapshotReceipt.model_validate(plan.record.token_snapshot)
+    with pytest.raises(IntegrityError) as info:
+        verify_snapshot_data(store, receipt)
+    assert info.value.code == "integrity_error" and "altered" in info.value.message
+    with pytest.raises(CheckpointRejectedError):
+        verify_checkpoint(store)

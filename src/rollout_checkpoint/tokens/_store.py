@@ -335,6 +335,12 @@ def _entry_from_table(table: pa.Table, located: TokenSnapshotEntry, key: str) ->
     row = {name: table[name][located.row].as_py() for name in _SHARD_SCHEMA.names}
     if row["key"] != key:
         raise IntegrityError(f"token shard {located.shard} row {located.row} holds {row['key']}, not {key}")
+    if (row["digest"], row["length"]) != (located.digest, located.length):
+        raise IntegrityError(
+            f"token shard {located.shard} row {located.row} lists another digest/length for {key} (altered)",
+            key=key,
+            problem="altered",
+        )
     try:
         entry = TokenEntry(
             schema_version=row["schema_version"],
@@ -346,8 +352,12 @@ def _entry_from_table(table: pa.Table, located: TokenSnapshotEntry, key: str) ->
             generation_log_probs=row["generation_log_probs"],
             mask=row["mask"],
         )
-    except InvalidRecordError as exc:
-        raise InvalidRecordError(f"token entry {key}: {exc.message}", key=key) from None
+    except InvalidRecordError as exc:  # bytes that decode to no valid entry were damaged after staging
+        raise IntegrityError(
+            f"token entry {key} decodes to an invalid entry (altered): {exc.message}",
+            key=key,
+            problem="altered",
+        ) from None
     receipt = entry.receipt()
     if (receipt.digest, receipt.length) != (located.digest, located.length):
         raise IntegrityError(
