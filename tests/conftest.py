@@ -77,7 +77,8 @@ def s3_endpoint() -> Iterator[str]:
         return
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        # moto's server, with its conditional writes made atomic as on S3 (see _moto_atomic.py)
+        [sys.executable, str(Path(__file__).parent / "_moto_atomic.py"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

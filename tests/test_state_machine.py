@@ -110,9 +110,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.damaged: set[str] = set()  # checkpoints with an object damaged or removed
         self.pointers: dict[str, bytes] = {}  # latest.json as it was right after each publish
         self.cut_calls: dict[str, tuple[list[int], int]] = {}  # call id -> prompt, max_tokens
+        # checkpoints verified since the last rule that changed or removed stored objects (damage,
+        # gc): published objects are create-only, so only those rules can break a verified one;
+        # teardown verifies every undamaged checkpoint again, whatever the rules did
+        self.verified: set[str] = set()
 
     def teardown(self) -> None:
-        self.world.close()
+        try:
+            self.verified.clear()
+            self.every_undamaged_published_checkpoint_verifies()
+        finally:
+            self.world.close()
 
     # -- helpers ------------------------------------------------------------------------------
     def _entries(self, *states: str) -> list[Any]:
@@ -492,6 +500,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.store.put(key, bytes(body))
         self.damaged.add(cid)
         self.damaged.update(self._referring_to(key))
+        self.verified.clear()
 
     def _referring_to(self, key: str) -> set[str]:
         """Format 2: published checkpoints with a component that refers into the archive holding
@@ -520,6 +529,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert set(report.unpublished).isdisjoint(published)
         self.order = [c for c in self.order if c in published]
         self.damaged &= published
+        self.verified.clear()
 
     # -- invariants ---------------------------------------------------------------------------------
     @invariant()
@@ -580,16 +590,17 @@ class ProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def every_undamaged_published_checkpoint_verifies(self) -> None:
         for cid in self._published():
-            if cid in self.damaged:
+            if cid in self.damaged or cid in self.verified:
                 continue
             report = verify_checkpoint(self.store, cid)
-            plan = load_checkpoint(self.store, cid)
+            plan = load_checkpoint(self.store, cid)  # verifies again: the reader's own path
             completed = {p.rollout_id for p in plan.completed}
             continued = {p.rollout_id for p in plan.continued}
             fresh = {p.rollout_id for p in plan.fresh}
             assert not completed & continued
             assert completed | continued | fresh == set(plan.rollouts)
             assert sum(report.counts.values()) == len(plan.rollouts)
+            self.verified.add(cid)
 
 
 ProtocolMachine.TestCase.settings = settings(
