@@ -128,7 +128,8 @@ def run_http(url: str, n: int, runs: int, workers: int, env: dict[str, str]) -> 
                 )
                 response.raise_for_status()
         setup = time.perf_counter() - started
-        remotes = [RemoteParticipant(urls[k], token=TOKEN) for k in KINDS]
+        # the coordinator never reads a commit reply's execution lists: brief replies (as the demo's)
+        remotes = [RemoteParticipant(urls[k], token=TOKEN, brief_commits=True) for k in KINDS]
         coordinator = Coordinator(store, remotes, _registry(ids), ObjectStoreTokenStore(store))
         outcomes, windows = _timed(coordinator, runs)
         for remote in remotes:

@@ -89,7 +89,10 @@ class _CoordinatorProcess:
         token = os.environ[TOKEN_ENV]
         self.store = open_store(config["store"], **_store_options(config))
         urls: dict[str, str] = config["urls"]
-        self.remotes = [RemoteParticipant(urls[name], token=token) for name in config["participants"]]
+        # the coordinator never reads the execution lists of a commit reply: brief replies
+        self.remotes = [
+            RemoteParticipant(urls[name], token=token, brief_commits=True) for name in config["participants"]
+        ]
         self.tokens = RemoteTokenStore(urls["tokens"], token=token)
         self.registry = LiveExecutionRegistry()
         self.coordinator = self._coordinator(self.remotes)

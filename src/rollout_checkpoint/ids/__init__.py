@@ -13,9 +13,19 @@ from .._lazy import lazy_getattr
 from ._keys import ID_MAX_LENGTH, ID_PATTERN, validate_id, validate_key
 
 if TYPE_CHECKING:
+    from ._compact import check_packed, checked_pairs, execution_ids, pack_executions, unpack_executions
     from ._models import CheckpointId, ExecutionId, Identifier
 
-__getattr__ = lazy_getattr(__name__, dict.fromkeys(("CheckpointId", "ExecutionId", "Identifier"), "._models"))
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        **dict.fromkeys(("CheckpointId", "ExecutionId", "Identifier"), "._models"),
+        **dict.fromkeys(
+            ("check_packed", "checked_pairs", "execution_ids", "pack_executions", "unpack_executions"),
+            "._compact",
+        ),
+    },
+)
 
 __all__ = [
     "ID_MAX_LENGTH",
@@ -23,6 +33,11 @@ __all__ = [
     "CheckpointId",
     "ExecutionId",
     "Identifier",
+    "check_packed",
+    "checked_pairs",
+    "execution_ids",
+    "pack_executions",
+    "unpack_executions",
     "validate_id",
     "validate_key",
 ]

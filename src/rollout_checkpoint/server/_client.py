@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..ids import ExecutionId
+from ..ids import ExecutionId, pack_executions
 from ..protocol import (
     Cancellation,
     Capabilities,
@@ -53,6 +53,9 @@ class RemoteParticipant:
     applies to the two calls without a deadline (``status``, ``forget``). ``transport`` lets a
     caller pass an httpx transport (a Unix socket). ``capabilities``, when known, name the
     participant without asking it (and a server answering with others is refused).
+    ``brief_commits``: every commit asks for a brief reply (no executions and restarts lists,
+    which are in the committed manifest's ``extra``), for a caller that does not read them: the
+    coordinator never does, and over a worker group the lists would travel every hop.
     """
 
     def __init__(
@@ -67,8 +70,10 @@ class RemoteParticipant:
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
         capabilities: Capabilities | None = None,
+        brief_commits: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.brief_commits = brief_commits
         self._http = JsonClient(
             self.base_url,
             token=token,
@@ -155,17 +160,22 @@ class RemoteParticipant:
         *,
         publication: Publication = "sync",
         part: str | None = None,
+        brief: bool = False,
     ) -> CommitReply:
-        body: dict[str, Any] = {
-            "checkpoint_id": checkpoint_id,
-            "deadline_ts": deadline,
-            "store": _url(store),
-            "scope": _executions(scope),
-        }
+        """The remote commit. The scope travels in compact form (``scope_ids``: one
+        ``rollout_id#attempt`` string per execution, checked in one pass by the server).
+        ``part`` and ``brief`` are a worker group's: write the archive as that part of the
+        component, and answer without the executions and restarts lists (the group reads them
+        from the part's manifest, which it reads anyway)."""
+        body: dict[str, Any] = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline, "store": _url(store)}
+        if scope is not None:
+            body["scope_ids"] = pack_executions(scope)
         if publication != "sync":  # a synchronous commit's body is what servers always took
             body["publication"] = publication
         if part is not None:  # a worker group's worker: its share as a part of the component
             body["part"] = part
+        if brief or self.brief_commits:
+            body["brief"] = True
         return self._http.call("POST", "/commit", body, CommitReply, deadline)
 
     def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:

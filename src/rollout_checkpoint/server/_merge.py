@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import JsonValue
 
 from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
-from ..errors import IntegrityError, InvalidPhaseError, InvalidRecordError
+from ..errors import CheckpointError, IntegrityError, InvalidPhaseError, InvalidRecordError
 from ..format import layout
-from ..ids import ExecutionId
+from ..ids import ExecutionId, checked_pairs, execution_ids
 from ..protocol import Capabilities, CommitReply, Phase, UnsafeEffect
 from ..store import ObjectStore
 
 __all__ = [
+    "PartsCommitted",
     "assign_owners",
     "execution_key",
     "commit_parts",
@@ -26,9 +28,23 @@ __all__ = [
     "merged_reply",
     "session_owners",
     "unique_effects",
+    "united_pairs",
 ]
 
 STANDARD_KEYS = ("capabilities", "tombstones", "executions", "restarts", "unsafe_effects")
+
+Pairs = list[tuple[str, int]]
+"""Executions as ``(rollout_id, attempt)`` tuples, checked (``checked_pairs``), sorted, unique."""
+
+
+@dataclass(frozen=True)
+class PartsCommitted:
+    """What ``commit_parts`` wrote: the component manifest, and the executions and restarts
+    of every part united (read from the parts' digest-pinned manifests, not from the replies)."""
+
+    ref: ManifestRef
+    executions: Pairs
+    restarts: Pairs
 
 
 def execution_key(execution: ExecutionId) -> tuple[str, int]:
@@ -56,8 +72,14 @@ def assign_owners(owners: dict[str, list[ExecutionId]], workers: Sequence[str]) 
 
 
 def merge_extra(
-    caps: Capabilities, extras: dict[str, dict[str, JsonValue]], replies: dict[str, CommitReply]
+    caps: Capabilities,
+    extras: dict[str, dict[str, JsonValue]],
+    replies: dict[str, CommitReply],
+    owned: dict[str, tuple[Pairs, Pairs]],
 ) -> dict[str, JsonValue]:
+    """The component manifest's ``extra``: the workers' standard keys merged (``owned``: worker
+    id -> its part's executions and restarts), ``session_owners``, and the other keys (equal
+    on every worker)."""
     tombstones: dict[str, int] = {}
     for extra in extras.values():
         raw = extra.get("tombstones", {})
@@ -67,19 +89,16 @@ def merge_extra(
             if not isinstance(attempt, int):
                 raise InvalidRecordError("a worker's tombstone is not an attempt number")
             tombstones[rollout_id] = max(attempt, tombstones.get(rollout_id, attempt))
-    executions = _united(r.executions for r in replies.values())
-    restarts = _united(r.restarts for r in replies.values())
+    executions = united_pairs(e for e, _ in owned.values())
+    restarts = united_pairs(r for _, r in owned.values())
     effects = unique_effects(e for r in replies.values() for e in r.unsafe_effects)
     merged: dict[str, JsonValue] = {
         "capabilities": caps.model_dump(mode="json"),
         "tombstones": dict(sorted(tombstones.items())),
-        "executions": [[e.rollout_id, e.attempt] for e in executions],
-        "restarts": [[e.rollout_id, e.attempt] for e in restarts],
+        "executions": [[r, a] for r, a in executions],
+        "restarts": [[r, a] for r, a in restarts],
         "unsafe_effects": [u.model_dump(mode="json") for u in effects],
-        "session_owners": {
-            wid: [[e.rollout_id, e.attempt] for e in _united((r.executions, r.restarts))]
-            for wid, r in sorted(replies.items())
-        },
+        "session_owners": {wid: [[r, a] for r, a in united_pairs(owned[wid])] for wid in sorted(owned)},
     }
     for wid, extra in sorted(extras.items()):
         for name, value in extra.items():
@@ -89,6 +108,11 @@ def merge_extra(
                 raise IntegrityError(f"workers disagree on manifest extra {name!r} (worker {wid})")
             merged[name] = value
     return merged
+
+
+def united_pairs(groups: Iterable[Iterable[tuple[str, int]]]) -> Pairs:
+    """The pairs of ``groups``, each once, sorted."""
+    return sorted({pair for group in groups for pair in group})
 
 
 def _united(groups: Iterable[Iterable[ExecutionId]]) -> list[ExecutionId]:
@@ -128,20 +152,26 @@ def merged_reply(
     caps: Capabilities,
     checkpoint_id: str,
     phase: Phase,
-    ref: ManifestRef | None,
     replies: dict[str, CommitReply],
+    parts: PartsCommitted | None = None,
 ) -> CommitReply:
-    """The group's reply: the workers' executions, restarts and effects united."""
+    """The group's reply: the workers' effects united, and their executions and restarts (those
+    ``commit_parts`` read from the parts' manifests when given, else the replies')."""
+    if parts is None:
+        executions = _united(r.executions for r in replies.values())
+        restarts = _united(r.restarts for r in replies.values())
+    else:
+        executions, restarts = execution_ids(parts.executions), execution_ids(parts.restarts)
     return CommitReply(
         checkpoint_id=checkpoint_id,
         phase=phase,
         kind=caps.kind,
         instance=caps.instance,
-        manifest_key=None if ref is None else ref.key,
-        manifest_sha256=None if ref is None else ref.sha256,
-        manifest_bytes=None if ref is None else ref.bytes,
-        executions=tuple(_united(r.executions for r in replies.values())),
-        restarts=tuple(_united(r.restarts for r in replies.values())),
+        manifest_key=None if parts is None else parts.ref.key,
+        manifest_sha256=None if parts is None else parts.ref.sha256,
+        manifest_bytes=None if parts is None else parts.ref.bytes,
+        executions=tuple(executions),
+        restarts=tuple(restarts),
         unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
     )
 
@@ -153,12 +183,13 @@ def commit_parts(
     replies: dict[str, CommitReply],
     fence: Callable[[], None],
     lock: threading.Condition,
-) -> ManifestRef:
+) -> PartsCommitted:
     """Write the component's manifest over the parts its workers committed (``replies``: worker
     id -> the reply that pins its part's manifest): a format-2 archive that stores nothing and
     refers to every member of every part, reading only their manifests, member indexes and
     reference tables (never a payload byte). ``fence`` decides (under ``lock``) whether the
-    manifest may be written."""
+    manifest may be written. The executions and restarts come from the parts' manifests (a
+    worker's brief reply leaves them out); a part whose lists are malformed is refused."""
     prefix = layout.component_prefix(checkpoint_id, caps.kind, caps.instance)
     bases: dict[str, tuple[int, ManifestRef]] = {}
 
@@ -172,6 +203,7 @@ def commit_parts(
 
     columns: list[list[Any]] = [[] for _ in range(10)]  # the reference table's, in schema order
     extras: dict[str, dict[str, JsonValue]] = {}
+    owned: dict[str, tuple[Pairs, Pairs]] = {}
     for wid in sorted(replies):
         reply = replies[wid]
         part = layout.component_part_prefix(checkpoint_id, caps.kind, caps.instance, wid)
@@ -185,6 +217,13 @@ def commit_parts(
                 f"{caps.kind}/{caps.instance} of {checkpoint_id}"
             )
         extras[wid] = dict(m.extra)
+        try:
+            owned[wid] = (
+                checked_pairs(m.extra.get("executions"), "extra 'executions'"),
+                checked_pairs(m.extra.get("restarts"), "extra 'restarts'"),
+            )
+        except CheckpointError as exc:
+            raise IntegrityError(f"{part}: {exc.message}") from None
         # the members the part stores (its digest-checked index): referred to in the part
         stored = reader.stored_columns()
         own = base_of(part, reader.manifest_ref)
@@ -202,7 +241,7 @@ def commit_parts(
     if len(identities) != len(columns[0]):
         twice = len(columns[0]) - len(identities)
         raise InvalidRecordError(f"{caps.kind}/{caps.instance}: {twice} members are in two workers' parts")
-    extra = merge_extra(caps, extras, replies)
+    extra = merge_extra(caps, extras, replies, owned)
     writer = ArchiveWriter(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
     )
@@ -215,4 +254,8 @@ def commit_parts(
     except BaseException:
         writer.abort()
         raise
-    return writer.manifest_ref
+    return PartsCommitted(
+        writer.manifest_ref,
+        united_pairs(e for e, _ in owned.values()),
+        united_pairs(r for _, r in owned.values()),
+    )

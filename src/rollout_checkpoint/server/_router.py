@@ -18,7 +18,7 @@ from __future__ import annotations
 import hmac
 import inspect
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
 from typing import Annotated, Any, TypeVar
 
@@ -235,9 +235,6 @@ def checkpoint_router(
             stores[requested] = opened
         return opened
 
-    def scope(executions: Sequence[Any] | None) -> Sequence[Any] | None:
-        return None if executions is None else list(executions)
-
     router = APIRouter(
         prefix=prefix,
         tags=["checkpoint"],
@@ -251,6 +248,7 @@ def checkpoint_router(
         return await quick(participant.status)
 
     cancellable = "cancel" in inspect.signature(participant.prepare).parameters
+    briefable = "brief" in inspect.signature(participant.commit).parameters
 
     @router.post("/prepare", response_model=PrepareReport, summary="close admission, wait for boundaries")
     async def prepare(body: CheckpointRequest, request: Request) -> PrepareReport:
@@ -295,8 +293,15 @@ def checkpoint_router(
             method, options["publication"] = publisher().commit, "async"
         if body.part is not None:  # a worker group's worker writes its share as a part
             options["part"] = body.part
+        if body.brief and briefable:  # a remote participant or a worker group: brief below too
+            options["brief"] = True
         call = partial(method, **options)
-        return await blocking(call, body.checkpoint_id, store, body.deadline_ts, scope(body.scope))
+        reply: CommitReply = await blocking(
+            call, body.checkpoint_id, store, body.deadline_ts, body.executions()
+        )
+        if body.brief:  # the caller reads them from the committed manifest (a worker group)
+            reply = reply.model_copy(update={"executions": (), "restarts": ()})
+        return reply
 
     @router.post("/collect", response_model=CommitReply, summary="wait for an asynchronous commit's upload")
     async def collect(body: CheckpointRequest) -> CommitReply:
@@ -310,7 +315,7 @@ def checkpoint_router(
             body.source_checkpoint_id,
             target(body.store),
             body.deadline_ts,
-            scope(body.scope),
+            body.executions(),
         )
 
     @router.post("/resume", response_model=ResumeReply, summary="reopen admission (also the abort)")

@@ -11,7 +11,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from ..errors import (
     CheckpointError,
@@ -22,7 +30,7 @@ from ..errors import (
     TransientStoreError,
     UnsupportedSchemaError,
 )
-from ..ids import ExecutionId, Identifier
+from ..ids import ExecutionId, Identifier, check_packed, unpack_executions
 from ..protocol import Publication
 
 __all__ = [
@@ -120,6 +128,36 @@ class _StoreScope(CheckpointRequest):
     scope: list[ExecutionId] | None = Field(
         default=None, description="executions the coordinator continues (default: all)"
     )
+    scope_ids: list[str] | None = Field(
+        default=None,
+        description="the scope in compact form, 'rollout_id#attempt' strings (at most one of "
+        "scope and scope_ids)",
+    )
+    _executions: list[ExecutionId] | None = PrivateAttr(default=None)
+
+    @field_validator("scope_ids")
+    @classmethod
+    def _packed(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:  # one pass over the whole list
+            try:
+                check_packed(value, "scope_ids")
+            except CheckpointError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> _StoreScope:
+        if self.scope_ids is not None:
+            if self.scope is not None:
+                raise ValueError("name the scope once: scope or scope_ids, not both")
+            self._executions = unpack_executions(self.scope_ids, checked=True)
+        elif self.scope is not None:
+            self._executions = list(self.scope)
+        return self
+
+    def executions(self) -> list[ExecutionId] | None:
+        """The scope (from ``scope`` or ``scope_ids``); ``None``: all."""
+        return self._executions
 
 
 class CommitRequest(_StoreScope):
@@ -132,6 +170,12 @@ class CommitRequest(_StoreScope):
         default=None,
         description="write the archive as this part of the component (<component>/parts/<part>): "
         "a worker group's worker, whose group refers to it",
+    )
+    brief: bool = Field(
+        default=False,
+        strict=True,
+        description="answer without the executions and restarts lists (the caller reads them from "
+        "the committed manifest's extra): a worker group's worker",
     )
 
 

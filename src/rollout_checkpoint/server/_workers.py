@@ -9,7 +9,8 @@ operation reaches every worker and the answers are merged:
   the prepare, and a dead one leaves the roster so its replacement can join;
 * ``commit``: every worker writes its share as a *part* of the component archive
   (``<component>/parts/<worker_id>``, incremental against its previous part like any
-  participant); the group then writes the component's manifest, which stores nothing and refers
+  participant) and answers briefly (no execution lists: the group reads them from the part's
+  manifest); the group then writes the component's manifest, which stores nothing and refers
   to every member of every part (format 2), with the merged ``extra`` and ``session_owners``
   (which worker held which execution). Each record is written once, by its worker; the group
   reads only the parts' manifests, member indexes and reference tables. A failed attempt's parts
@@ -40,7 +41,6 @@ from typing import TypeVar
 
 import httpx
 
-from ..archive import ManifestRef
 from ..errors import InvalidPhaseError, StaleCheckpointError
 from ..format import layout
 from ..format.record_reader import ArchiveReader
@@ -294,6 +294,21 @@ class WorkerGroup:
         scope: Sequence[ExecutionId] | None = None,
         *,
         publication: Publication = "sync",
+        brief: bool = False,
+    ) -> CommitReply:
+        """Every worker commits its part, then the group writes the component manifest over them
+        (see the module docstring). ``brief``: the reply leaves out the executions and restarts
+        lists (they are in the component manifest's ``extra``)."""
+        reply = self._commit(checkpoint_id, store, deadline, scope, publication)
+        return reply.model_copy(update={"executions": (), "restarts": ()}) if brief else reply
+
+    def _commit(
+        self,
+        checkpoint_id: str,
+        store: str | ObjectStore,
+        deadline: float,
+        scope: Sequence[ExecutionId] | None,
+        publication: Publication,
     ) -> CommitReply:
         validate_id(checkpoint_id, "checkpoint_id")
         target = open_store(store)
@@ -315,7 +330,10 @@ class WorkerGroup:
             )
         if publication == "sync":
             replies = self._each(
-                lambda w: w.client.commit(checkpoint_id, target, deadline, scope, part=w.worker_id), workers
+                lambda w: w.client.commit(
+                    checkpoint_id, target, deadline, scope, part=w.worker_id, brief=True
+                ),
+                workers,
             )
             fence = partial(self._not_resumed, checkpoint_id)
             reply = self._merge(checkpoint_id, target, replies, fence, self._lock)
@@ -333,7 +351,7 @@ class WorkerGroup:
             ),
             workers,
         )
-        reply = self._reply(checkpoint_id, Phase.FROZEN, None, frozen)
+        reply = merged_reply(self.capabilities(), checkpoint_id, Phase.FROZEN, frozen)
 
         def upload(fence: Upload) -> CommitReply:
             # one worker's failed upload fails the group's at once (nothing can publish)
@@ -358,11 +376,6 @@ class WorkerGroup:
                 checkpoint_id=checkpoint_id,
             )
 
-    def _reply(
-        self, checkpoint_id: str, phase: Phase, ref: ManifestRef | None, replies: dict[str, CommitReply]
-    ) -> CommitReply:
-        return merged_reply(self.capabilities(), checkpoint_id, phase, ref, replies)
-
     def _merge(
         self,
         checkpoint_id: str,
@@ -372,8 +385,8 @@ class WorkerGroup:
         lock: threading.Condition,
     ) -> CommitReply:
         """Write the component manifest over the workers' parts (``commit_parts``)."""
-        ref = commit_parts(target, checkpoint_id, self.capabilities(), replies, fence, lock)
-        return self._reply(checkpoint_id, Phase.COMMITTED, ref, replies)
+        parts = commit_parts(target, checkpoint_id, self.capabilities(), replies, fence, lock)
+        return merged_reply(self.capabilities(), checkpoint_id, Phase.COMMITTED, replies, parts)
 
     def restore(
         self,

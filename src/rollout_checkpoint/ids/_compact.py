@@ -1,0 +1,116 @@
+"""Execution ids in compact form, checked in one pass: the internal hops of a worker group.
+
+A scope of 1,000 executions as ``{"rollout_id", "attempt"}`` objects costs a pydantic model and a
+Python-level id check per execution at every hop. In compact form a scope is a list of
+``"<rollout_id>#<attempt>"`` strings (``str(ExecutionId)``); :func:`unpack_executions` checks the
+whole list with one regular expression over the joined strings, under exactly the rules of
+:func:`~rollout_checkpoint.ids.validate_id` (pattern, at most 128 characters, no ``..``), and
+:func:`checked_pairs` does the same for the ``[[rollout_id, attempt], ...]`` lists a component
+manifest's ``extra`` holds. Anything else is a typed error naming the first bad entry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..errors import InvalidIdentifierError, InvalidValueError
+from ._keys import ID_MAX_LENGTH, validate_id
+from ._models import ExecutionId
+
+__all__ = ["check_packed", "checked_pairs", "execution_ids", "pack_executions", "unpack_executions"]
+
+_ID = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{ID_MAX_LENGTH - 1}}}"
+_ATTEMPT = r"(?:0|[1-9][0-9]{0,17})"
+_PACKED = re.compile(rf"(?:{_ID}#{_ATTEMPT}\n)*")
+_IDS = re.compile(rf"(?:{_ID}\n)*")
+
+
+def pack_executions(executions: Iterable[ExecutionId]) -> list[str]:
+    """``["rollout_id#attempt", ...]`` in the given order."""
+    return [f"{e.rollout_id}#{e.attempt}" for e in executions]
+
+
+def unpack_executions(
+    items: Sequence[str], what: str = "scope", *, checked: bool = False
+) -> list[ExecutionId]:
+    """The executions of a compact list (order kept), or ``InvalidIdentifierError`` naming the
+    first entry that is not ``<id>#<attempt>`` (``attempt`` a non-negative decimal integer).
+    ``checked``: :func:`check_packed` already passed on ``items``."""
+    if not checked:
+        check_packed(items, what)
+    pairs = [item.rpartition("#") for item in items]
+    return execution_ids((rollout_id, int(attempt)) for rollout_id, _, attempt in pairs)
+
+
+def check_packed(items: Sequence[str], what: str = "scope") -> None:
+    """``InvalidIdentifierError`` naming the first entry of ``items`` that is not
+    ``<id>#<attempt>``; one regular expression over the joined list when every entry is good."""
+    if not isinstance(items, (list, tuple)):
+        raise InvalidIdentifierError(f"{what} must be a list of 'rollout_id#attempt' strings")
+    if not items:
+        return
+    joined = "\n".join(items) + "\n" if all(type(s) is str for s in items) else ""
+    # one newline per entry: an entry holding a newline of its own is not one entry
+    if not _PACKED.fullmatch(joined) or ".." in joined or joined.count("\n") != len(items):
+        for i, item in enumerate(items):
+            _one(item, f"{what}[{i}]")
+        raise InvalidIdentifierError(f"{what}: an entry is not one 'rollout_id#attempt'")  # fail closed
+
+
+def _one(item: Any, what: str) -> None:
+    if not isinstance(item, str):
+        raise InvalidIdentifierError(
+            f"{what} must be a 'rollout_id#attempt' string, got {type(item).__name__}"
+        )
+    rollout_id, sep, attempt = item.rpartition("#")
+    if not sep or not re.fullmatch(_ATTEMPT, attempt):
+        raise InvalidIdentifierError(f"{what} {item[:200]!r} is not 'rollout_id#attempt'", value=item[:200])
+    validate_id(rollout_id, f"{what} rollout id")
+
+
+def checked_pairs(raw: Any, what: str) -> list[tuple[str, int]]:
+    """``[[rollout_id, attempt], ...]`` (a manifest's ``extra`` lists) as tuples, every id
+    checked in one pass; ``InvalidValueError`` / ``InvalidIdentifierError`` naming the first bad one."""
+    if not isinstance(raw, list):
+        raise InvalidValueError(f"{what} must be a list of [rollout_id, attempt]")
+    pairs: list[tuple[str, int]] = []
+    for i, item in enumerate(raw):
+        if (
+            type(item) is not list
+            or len(item) != 2
+            or type(item[0]) is not str
+            or type(item[1]) is not int
+            or item[1] < 0
+        ):
+            raise InvalidValueError(f"{what}[{i}] is not [rollout_id, attempt >= 0]", value=repr(item)[:200])
+        pairs.append((item[0], item[1]))
+    if pairs:
+        joined = "\n".join(p[0] for p in pairs) + "\n"
+        if not _IDS.fullmatch(joined) or ".." in joined or joined.count("\n") != len(pairs):
+            for i, (rollout_id, _) in enumerate(pairs):
+                validate_id(rollout_id, f"{what}[{i}] rollout id")
+            raise InvalidIdentifierError(f"{what}: an entry is not one rollout id")  # fail closed
+    return pairs
+
+
+def execution_ids(pairs: Iterable[tuple[str, int]]) -> list[ExecutionId]:
+    """``ExecutionId``s of pairs already checked (:func:`checked_pairs`, :func:`check_packed`):
+    built through the model's pickle state, without validating each one again (a model
+    construction per execution was most of what a scope of thousands cost)."""
+    new, restore = object.__new__, ExecutionId.__setstate__
+    out = []
+    for rollout_id, attempt in pairs:
+        execution = new(ExecutionId)
+        restore(
+            execution,
+            {
+                "__dict__": {"rollout_id": rollout_id, "attempt": attempt},
+                "__pydantic_fields_set__": {"rollout_id", "attempt"},
+                "__pydantic_extra__": None,
+                "__pydantic_private__": None,
+            },
+        )
+        out.append(execution)
+    return out
