@@ -49,6 +49,9 @@ from ._workload import DemoWorld, Ledger, RolloutSpec, rollout_specs
 __all__ = ["KILLABLE", "counted", "run_cluster_demo"]
 
 KILLABLE = ("model", "agent", "resources", "tokens", "coordinator")
+CUT_WAIT = 6
+"""Checkpoints the first crash waits, once half the rollouts can continue, for one that also
+holds a generation cut of a continued rollout (without one the run shows no cut continued)."""
 Progress = Callable[[str], None]
 _ENV_PREFIX = "ROLLOUT_CHECKPOINT_DEMO_"
 
@@ -312,10 +315,14 @@ def run_cluster_demo(
         for round_, name in enumerate(kills):
             victim = cluster.envs[0] if name == "resources" else name
             if round_ == 0:  # mid-run: once a checkpoint lets at least half the rollouts continue
+                half_since = 0  # and holds a generation cut of one of them (or CUT_WAIT later)
                 while time.monotonic() < end:
                     state = read_json(state_path)
                     if 2 * int(state.get("continuable", 0)) >= rollouts:
-                        break
+                        half_since = half_since or len(state.get("checkpoints", []))
+                        waited = len(state.get("checkpoints", [])) - half_since
+                        if int(state.get("continuable_cuts", 0)) > 0 or waited >= CUT_WAIT:
+                            break
                     if state.get("done") or cluster.procs["coordinator"].poll() is not None:
                         break
                     time.sleep(0.05)
