@@ -431,8 +431,10 @@ def test_a_stage_of_two_is_prepared_concurrently(tmp_path: Path) -> None:
         waiter.join(5)
         # and a stage that never gets ready fails the checkpoint, naming the participant
         a.set_blockers(["stuck"])
+        # a deadline a loaded machine's HTTP round trip cannot outrun (at 1 s, the prepare once
+        # arrived after it had passed: deadline_exceeded, not the not-ready failure meant here)
         with pytest.raises(CheckpointNotReadyError, match="resources/res-a"):
-            coordinator.checkpoint("ck-2", deadline_s=1)
+            coordinator.checkpoint("ck-2", deadline_s=4)
         assert a.accepting and b.accepting
     a.close()
     b.close()
