@@ -47,7 +47,7 @@ def _store(url: str, options: list[str]) -> ObjectStore:
     return open_store(url, endpoint_url=options[1]) if options else open_store(url)
 
 
-def _demo(url: str, options: list[str]) -> str:
+def _publish_run(url: str, options: list[str]) -> str:
     """One run of a trainer on the store: a new coordinator (it takes the store over, as a new demo
     run does) publishes two checkpoints of a small deployment; returns the newer one's id. The
     demo itself runs in test_demo.py; this log needs only checkpoints published run after run."""
@@ -74,9 +74,9 @@ def test_losing_latest_json_repeatedly_never_reorders(target: tuple[str, list[st
     checkpoint gets sequence 3 (not 1) and classify picks it, saying the pointer was missing."""
     url, options = target
     store = _store(url, options)
-    first, second = _demo(url, options), _demo(url, options)
+    first, second = _publish_run(url, options), _publish_run(url, options)
     store.delete(layout.LATEST_KEY)
-    third = _demo(url, options)
+    third = _publish_run(url, options)
     store.delete(layout.LATEST_KEY)
     records = {cid: read_record(store, cid)[0].sequence for cid in (first, second, third)}
     # each run publishes two checkpoints: the newest of each run is what it reports, and the
@@ -87,7 +87,7 @@ def test_losing_latest_json_repeatedly_never_reorders(target: tuple[str, list[st
     assert plan["checkpoint_id"] == third and plan["sequence"] == 3 * per_run
     assert any("latest.json is missing" in str(n) for n in plan["notes"])  # type: ignore[union-attr]
     # and again: the pointer lost before the next publish still cannot restart the count
-    fourth = _demo(url, options)
+    fourth = _publish_run(url, options)
     store.delete(layout.LATEST_KEY)
     assert read_record(store, fourth)[0].sequence == 4 * per_run
     assert _classify(url, options)["checkpoint_id"] == fourth
@@ -98,9 +98,9 @@ def test_losing_latest_json_repeatedly_never_reorders(target: tuple[str, list[st
 def test_a_stale_pointer_is_only_a_hint(target: tuple[str, list[str]]) -> None:
     url, options = target
     store = _store(url, options)
-    first = _demo(url, options)
+    first = _publish_run(url, options)
     pointer = store.get(layout.LATEST_KEY)
-    second = _demo(url, options)
+    second = _publish_run(url, options)
     store.put(layout.LATEST_KEY, pointer)  # the pointer moves back to the older checkpoint
     plan = _classify(url, options)
     assert plan["checkpoint_id"] == second
@@ -112,7 +112,7 @@ def test_an_unparseable_pointer_is_replaced_by_the_next_checkpoint(target: tuple
     by compare-and-swap, and readers meanwhile resolve from the published records."""
     url, options = target
     store = _store(url, options)
-    first = _demo(url, options)
+    first = _publish_run(url, options)
     store.put(layout.LATEST_KEY, b"garbage{\n")
     plan = _classify(url, options)
     assert plan["checkpoint_id"] == first
@@ -122,7 +122,7 @@ def test_an_unparseable_pointer_is_replaced_by_the_next_checkpoint(target: tuple
     assert first in listed.stdout
     verified = runner.invoke(app, ["verify", url, *options])
     assert verified.exit_code == 1 and "latest.json" in verified.stderr  # verify names the damage
-    second = _demo(url, options)
+    second = _publish_run(url, options)
     found = read_latest(store)
     assert (
         found is not None

@@ -195,9 +195,10 @@ class CoordinatorCore:
             (name, f.exception()) for (name, _), f in zip(calls, futures, strict=True) if f.exception()
         ]
         for name, error in failures[1:]:
-            log.warning(
-                "%s also failed in the same stage: %s", name, error, extra=log_fields(participant=name)
-            )
+            if isinstance(error, Exception):  # not an exit or interrupt ending this process
+                log.warning(
+                    "%s also failed in the same stage: %s", name, error, extra=log_fields(participant=name)
+                )
         if failures:
             error = failures[0][1]
             assert error is not None

@@ -9,7 +9,6 @@ to completion, then runs the same seed again without interruption and compares.
 
 from __future__ import annotations
 
-import logging
 import statistics
 import threading
 import time
@@ -35,14 +34,6 @@ Progress = Callable[[str], None]
 
 class _CrashNow(BaseException):
     """Raised by the fault hook right after the commit point: the process dies there."""
-
-
-def _not_the_simulated_crash(record: logging.LogRecord) -> bool:
-    """The coordinator warns when several participants fail in one stage; the simulated crash
-    fails every resume at once by design, which is no news for the person running the demo."""
-    return not any(
-        isinstance(arg, _CrashNow) for arg in (record.args or ()) if isinstance(record.args, tuple)
-    )
 
 
 @dataclass
@@ -237,15 +228,11 @@ def run_demo(
     _wait_for(before, 2 * rollouts, exported, timeout, failed)
     crash_id = new_checkpoint_id()
     marks[crash_id] = time.perf_counter()
-    coordinator_log = logging.getLogger("rollout_checkpoint.coordinator")
-    coordinator_log.addFilter(_not_the_simulated_crash)
     try:
         first.coordinator.checkpoint(crash_id, deadline_s=timeout)
         crashed = False
     except _CrashNow:
         crashed = True
-    finally:
-        coordinator_log.removeFilter(_not_the_simulated_crash)
     started = marks.get("freeze", marks[crash_id])
     resumed = min((t for s, t in marks.items() if s.startswith("resume:")), default=time.perf_counter())
     pauses.append(resumed - started)
