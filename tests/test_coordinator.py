@@ -89,23 +89,49 @@ def test_duplicate_participants_are_refused(dep: Deployment) -> None:
 # -- fault injection at every step, in-process ---------------------------------------------------
 
 
+_HEX = re.compile("[0-9a-f]{32}")
+
+
+class _StepKeys:
+    """Names each fault step stably: the checkpoint id and the writer's random object names
+    replaced, and the occurrence of that name counted (the participants commit concurrently,
+    so steps of different components interleave in any order, but each component's own steps
+    come in one order)."""
+
+    def __init__(self, cid: str) -> None:
+        self.cid = cid
+        self.seen: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def key(self, step: str) -> str:
+        name = _HEX.sub("*", step.replace(self.cid, "<cid>"))
+        with self.lock:
+            n = self.seen.get(name, 0)
+            self.seen[name] = n + 1
+        return f"{name}#{n}"
+
+
 def _steps() -> list[str]:
     store = memory_store("coord")
     steps: list[str] = []
     dep = Deployment(store, token_source=FakeTokens(store))
     populate(dep, dep.coordinator.token_source)
     dep.coordinator.checkpoint()
-    dep.coordinator.fault_hook = steps.append
-    dep.coordinator.checkpoint()
+    keys = _StepKeys("ck-steps")
+    dep.coordinator.fault_hook = lambda step: steps.append(keys.key(step))
+    dep.coordinator.checkpoint("ck-steps")
     dep.close()
     return steps
 
 
 STEPS = _steps()
+# the steps up to the commit point (a fault there publishes nothing); their order among
+# themselves varies with the commit threads, whether one comes before "publish" does not
+BEFORE_PUBLISH = frozenset(STEPS[: STEPS.index("publish#0") + 1])
 
 
 def test_the_step_list_covers_every_write_call_and_the_commit_point() -> None:
-    kinds = {s.split(":", 1)[0] for s in STEPS}
+    kinds = {s.split(":", 1)[0].split("#")[0] for s in STEPS}
     assert {
         "freeze",
         "prepare",
@@ -119,49 +145,55 @@ def test_the_step_list_covers_every_write_call_and_the_commit_point() -> None:
         "latest",
         "resume",
     } <= kinds
-    assert STEPS.index("publish") < STEPS.index("latest")
-    assert sum(s.startswith("put_if_absent:") and s.endswith("/manifest.json") for s in STEPS) == 4
+    assert STEPS.index("publish#0") < STEPS.index("latest#0")
+    assert sum(s.startswith("put_if_absent:") and s.endswith("/manifest.json#0") for s in STEPS) == 4
+    assert len(set(STEPS)) == len(STEPS)
+    # every participant's commit is called before any component is validated
+    last_commit = max(i for i, s in enumerate(STEPS) if s.startswith("commit:"))
+    assert last_commit < min(i for i, s in enumerate(STEPS) if s.startswith("validate:"))
 
 
 @pytest.mark.parametrize(
-    "k",
-    range(len(STEPS)),
-    # test ids without the writer's random object names: every pytest-xdist worker collects the same
-    ids=[f"{i}-{re.sub('[0-9a-f]{32}', '*', s).split('/')[-1][:24]}" for i, s in enumerate(STEPS)],
+    "step",
+    sorted(STEPS),
+    # every pytest-xdist worker must collect the same tests in the same order
+    ids=[s.split("/")[-1][:40] for s in sorted(STEPS)],
 )
-def test_fault_at_every_step(k: int) -> None:
+def test_fault_at_every_step(step: str) -> None:
     store = memory_store("coord")
     tokens = FakeTokens(store)
     dep = Deployment(store, token_source=tokens)
     populate(dep, tokens)
     baseline = dep.coordinator.checkpoint().checkpoint_id
-    seen: list[str] = []
+    cid = "ck-steps"
+    keys = _StepKeys(cid)
+    fired: list[str] = []
 
-    def hook(step: str) -> None:
-        seen.append(step)
-        if len(seen) == k + 1:
-            raise InjectedFault(step)
+    def hook(name: str) -> None:
+        if keys.key(name) == step and not fired:
+            fired.append(name)
+            raise InjectedFault(name)
 
     dep.coordinator.fault_hook = hook
-    commit_point = STEPS.index("publish")
-    cid = f"ck-fault-{k}"
-    if STEPS[k].startswith("open_write:"):
+    if step.startswith("open_write:"):
         # a member-index stream that fails to open is rebuilt by the archive writer from the
         # shards it already uploaded: the cycle recovers and publishes a complete checkpoint
         outcome = dep.coordinator.checkpoint(cid)
-        assert outcome.clean and seen[k].startswith("open_write:")
+        assert outcome.clean and fired
         assert published_ids(store) == sorted([baseline, cid])
         verify_checkpoint(store, cid)
         assert latest_id(store) == cid
-    elif k <= commit_point:
+    elif step in BEFORE_PUBLISH:
         with pytest.raises(InjectedFault):
             dep.coordinator.checkpoint(cid)
+        assert fired, step
         assert published_ids(store) == [baseline]
         assert latest_id(store) == baseline
     else:
         outcome = dep.coordinator.checkpoint(cid)
         # a failed pointer move is reported; a failed resume is retried (and succeeds here)
-        assert outcome.clean == (STEPS[k] != "latest")
+        assert fired, step
+        assert outcome.clean == (step != "latest#0")
         assert published_ids(store) == sorted([baseline, cid])
         verify_checkpoint(store, cid)
         assert latest_id(store) in (baseline, cid)

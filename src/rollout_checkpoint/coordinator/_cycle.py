@@ -158,18 +158,16 @@ class CheckpointCycle(Publisher):
         live: list[ExecutionId],
         publication: Publication,
     ) -> Committed:
-        """Commit every participant under the frozen membership, stage by stage, the
-        participants of one stage concurrently."""
-        replies: Committed = []
-        for kind in PREPARE_ORDER:
-            group = self._stage(ordered, kind)
-            calls = []
-            for name, p in group:
-                commit = p.commit if publication == "sync" else partial(_async(p).commit, publication="async")
-                calls.append((name, partial(self._call, name, "commit", commit, cid, hooked, deadline, live)))
-            committed: list[tuple[str, CommitReply]] = self._fan_out(calls)
-            replies.extend((name, p, reply) for (name, p), (_, reply) in zip(group, committed, strict=True))
-        return replies
+        """Commit every participant under the frozen membership, all of them concurrently (as
+        NeMo Gym fans its commit out): every stage is prepared, so no participant's state moves
+        while another writes, and over HTTP the servers' commits overlap instead of adding up.
+        The first failure in prepare order is raised after every commit has returned."""
+        calls = []
+        for name, p in ordered:
+            commit = p.commit if publication == "sync" else partial(_async(p).commit, publication="async")
+            calls.append((name, partial(self._call, name, "commit", commit, cid, hooked, deadline, live)))
+        committed: list[tuple[str, CommitReply]] = self._fan_out(calls)
+        return [(name, p, reply) for (name, p), (_, reply) in zip(ordered, committed, strict=True)]
 
     def _latest(
         self, cid: str, record: GlobalCheckpointRecord, ref: ObjectRef, errors: list[str]
