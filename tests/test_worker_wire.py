@@ -32,7 +32,7 @@ from rollout_checkpoint.errors import (
 )
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.records import ResourceSnapshotRecord
-from rollout_checkpoint.ids import checked_pairs, pack_executions, unpack_executions
+from rollout_checkpoint.ids import checked_pairs, execution_ids, pack_executions, unpack_executions
 from rollout_checkpoint.protocol import Capabilities, CommitReply, Phase
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,
@@ -59,6 +59,20 @@ def test_a_packed_scope_round_trips_in_order() -> None:
     assert unpack_executions([]) == []
     with pytest.raises(ValidationError):  # built without validation, frozen all the same
         unpacked[0].attempt = 4
+
+
+def test_unpacked_executions_are_kept_and_shared_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout_checkpoint.ids import _compact
+
+    first = unpack_executions(["keep-1#0", "keep-2#5"])
+    again = unpack_executions(["keep-1#0", "keep-2#5"])
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]  # no model built again
+    assert execution_ids([("keep-2", 5)])[0] is first[1]
+    monkeypatch.setattr(_compact, "INTERNED_MAX", 3)
+    many = unpack_executions([f"bound-{i}#1" for i in range(10)])
+    assert many == [ex(f"bound-{i}", 1) for i in range(10)]
+    assert len(_compact._INTERNED) <= 3  # started again instead of growing
+    assert unpack_executions(["keep-1#0"]) == [ex("keep-1", 0)]  # rebuilt after the reset
 
 
 @pytest.mark.parametrize(

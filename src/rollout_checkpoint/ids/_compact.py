@@ -40,8 +40,15 @@ def unpack_executions(
     ``checked``: :func:`check_packed` already passed on ``items``."""
     if not checked:
         check_packed(items, what)
-    pairs = [item.rpartition("#") for item in items]
-    return execution_ids((rollout_id, int(attempt)) for rollout_id, _, attempt in pairs)
+    known = _INTERNED.get
+    out = []
+    for item in items:
+        execution = known(item)
+        if execution is None:
+            rollout_id, _, attempt = item.rpartition("#")
+            execution = _intern(item, rollout_id, int(attempt))
+        out.append(execution)
+    return out
 
 
 def check_packed(items: Sequence[str], what: str = "scope") -> None:
@@ -95,22 +102,41 @@ def checked_pairs(raw: Any, what: str) -> list[tuple[str, int]]:
     return pairs
 
 
+INTERNED_MAX = 1 << 16
+"""Execution ids kept for reuse (:func:`execution_ids`); past it the cache starts again."""
+
+_INTERNED: dict[str, ExecutionId] = {}
+
+
+def _intern(packed: str, rollout_id: str, attempt: int) -> ExecutionId:
+    """The one ``ExecutionId`` of a checked pair, built through the model's pickle state (no
+    validation again) and kept: a checkpoint's scope is mostly the previous one's, and every hop
+    of a worker group unpacks it, so building a model per execution each time was most of what
+    a scope of thousands cost. ``ExecutionId`` is frozen, so sharing one instance is safe."""
+    execution = object.__new__(ExecutionId)
+    execution.__setstate__(
+        {
+            "__dict__": {"rollout_id": rollout_id, "attempt": attempt},
+            "__pydantic_fields_set__": {"rollout_id", "attempt"},
+            "__pydantic_extra__": None,
+            "__pydantic_private__": None,
+        }
+    )
+    if len(_INTERNED) >= INTERNED_MAX:
+        _INTERNED.clear()  # bounded: a run with more live executions rebuilds some of them
+    _INTERNED[packed] = execution
+    return execution
+
+
 def execution_ids(pairs: Iterable[tuple[str, int]]) -> list[ExecutionId]:
-    """``ExecutionId``s of pairs already checked (:func:`checked_pairs`, :func:`check_packed`):
-    built through the model's pickle state, without validating each one again (a model
-    construction per execution was most of what a scope of thousands cost)."""
-    new, restore = object.__new__, ExecutionId.__setstate__
+    """``ExecutionId``s of pairs already checked (:func:`checked_pairs`, :func:`check_packed`),
+    without validating each one again, the same instance for the same pair while it is kept."""
+    known = _INTERNED.get
     out = []
     for rollout_id, attempt in pairs:
-        execution = new(ExecutionId)
-        restore(
-            execution,
-            {
-                "__dict__": {"rollout_id": rollout_id, "attempt": attempt},
-                "__pydantic_fields_set__": {"rollout_id", "attempt"},
-                "__pydantic_extra__": None,
-                "__pydantic_private__": None,
-            },
-        )
+        packed = f"{rollout_id}#{attempt}"
+        execution = known(packed)
+        if execution is None:
+            execution = _intern(packed, rollout_id, attempt)
         out.append(execution)
     return out
