@@ -34,7 +34,7 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -61,6 +61,7 @@ from ..protocol._publication import Upload, Uploads
 from ..store import ObjectStore, open_store
 from ._client import RemoteParticipant
 from ._merge import assign_owners, commit_parts, execution_key, merged_reply, session_owners
+from ._router import CONTROL_THREADS, QUICK_THREADS
 from ._wire import ParticipantUnreachableError
 
 __all__ = ["WorkerGroup", "WorkerInfo"]
@@ -78,6 +79,11 @@ class WorkerInfo:
     socket: str
     pid: int
     client: RemoteParticipant
+
+
+FAN_OUT_THREADS_PER_WORKER = CONTROL_THREADS + QUICK_THREADS + 8
+"""Threads a worker group may keep per worker for its calls to them: one per operation its
+control router lets in at once (both limiters), and some for its background uploads."""
 
 
 class WorkerGroup:
@@ -108,6 +114,14 @@ class WorkerGroup:
         self._routing_before: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
         self._uploads = Uploads("worker-group", time.time)
+        # One pool for every fan-out, its threads kept: a pool made per call started a thread
+        # per worker each time, which was most of a quick call's time in a busy group. Sized so
+        # that every operation the control router lets in at once (prepares waiting for their
+        # deadline included) has a thread per worker, so a waiting prepare never holds up an
+        # abort; threads are only started when needed.
+        self._pool = ThreadPoolExecutor(
+            max_workers=FAN_OUT_THREADS_PER_WORKER * (expected_workers + 1), thread_name_prefix="worker-group"
+        )
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.store.url!r}, workers={len(self._roster)}/{self.expected_workers})"
@@ -206,10 +220,17 @@ class WorkerGroup:
         chosen = list(workers) if workers is not None else self.workers()
         if not chosen:
             return {}
-        pool = ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="worker-group")
-        futures = {w.worker_id: pool.submit(call, w) for w in chosen}
+        # the first worker's call runs on this thread unless a failure must end the wait early
+        inline = None if fail_fast else chosen[0]
+        futures = {w.worker_id: self._pool.submit(call, w) for w in chosen if w is not inline}
+        if inline is not None:
+            here: Future[T] = Future()
+            try:
+                here.set_result(call(inline))
+            except Exception as exc:
+                here.set_exception(exc)
+            futures = {inline.worker_id: here, **futures}
         wait(list(futures.values()), return_when=FIRST_EXCEPTION if fail_fast else ALL_COMPLETED)
-        pool.shutdown(wait=False)
         failures: list[BaseException] = []
         for worker in chosen:
             future = futures[worker.worker_id]
@@ -497,3 +518,4 @@ class WorkerGroup:
     def close(self) -> None:
         for worker in self.workers():
             worker.client.close()
+        self._pool.shutdown(wait=False)
