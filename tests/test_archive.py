@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from rollout_checkpoint.archive import (
     ArchiveStateError,
@@ -634,6 +635,20 @@ def test_hash_collision_between_distinct_members_is_not_a_duplicate(memory_store
     manifest = writer.commit()
     assert manifest.index.rows == len(records)
     assert list(ArchiveReader.open(memory_store, PREFIX).iter_records()) == records
+
+
+def test_manifest_extra_holds_json_values_only(memory_store: MemoryStore) -> None:
+    writer, _ = write_archive(memory_store, make_records(3))
+    loaded = json.loads(memory_store.get(writer.manifest_key))
+    loaded["extra"] = {"executions": [["r1", 0], ["r2", 3]], "nested": {"a": [1.5, None, True]}}
+    parsed = parse_component_manifest(json.dumps(loaded))
+    assert parsed.extra == loaded["extra"]  # parsed JSON needs no walk: it holds nothing else
+    for bad in ({"executions": (("r1", 0),)}, {"blob": b"x"}, {"k": {1: "int key"}}):
+        with pytest.raises(ValidationError):  # built in Python, every value is checked
+            ComponentManifest.model_validate({**loaded, "extra": bad})
+    for not_object in ([["r1", 0]], "x", None):
+        with pytest.raises(InvalidRecordError):
+            parse_component_manifest(json.dumps({**loaded, "extra": not_object}))
 
 
 def test_newer_manifest_schema_refused(memory_store: MemoryStore) -> None:

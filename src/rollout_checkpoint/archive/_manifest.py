@@ -18,6 +18,7 @@ from pydantic import (
     JsonValue,
     SkipValidation,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -57,6 +58,10 @@ def _relative_key(value: str) -> str:
 
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_TYPES = frozenset(_SCALARS)
+
+
+_PARSED_JSON: Final[dict[str, bool]] = {"parsed_json": True}
+"""Validation context of a manifest that ``json.loads`` produced (its ``extra`` needs no walk)."""
 
 
 def _check_json(value: Any) -> None:
@@ -172,10 +177,11 @@ class ComponentManifest(_Model):
 
     @field_validator("extra", mode="before")
     @classmethod
-    def _extra_is_json(cls, value: Any) -> Any:
+    def _extra_is_json(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, dict):
             raise ValueError("extra must be a JSON object")
-        _check_json(value)
+        if info.context is not _PARSED_JSON:  # ``json.loads`` gives nothing but JSON values
+            _check_json(value)
         return value
 
     @model_validator(mode="after")
@@ -284,6 +290,6 @@ def parse_component_manifest(data: bytes | str) -> ComponentManifest:
         raise InvalidRecordError("component manifest must be a JSON object")
     refuse_newer_schema("component manifest", loaded.get("schema_version"), COMPONENT_MANIFEST_SCHEMA_VERSION)
     try:
-        return ComponentManifest.model_validate(loaded)
+        return ComponentManifest.model_validate(loaded, context=_PARSED_JSON)
     except ValidationError as exc:
         raise InvalidRecordError(f"invalid component manifest: {exc}") from None
