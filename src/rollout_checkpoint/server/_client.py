@@ -50,8 +50,10 @@ class RemoteParticipant:
 
     ``base_url`` is the server (``http://127.0.0.1:8001``); ``token`` its control token.
     ``attempts`` bounds the tries of one call (never past its deadline); ``default_timeout_s``
-    applies to the two calls without a deadline (``status``, ``forget``). ``transport`` lets a
-    caller pass an httpx transport (a Unix socket). ``capabilities``, when known, name the
+    applies to the two calls without a deadline (``status``, ``forget``). ``uds`` reaches the
+    server over a Unix socket (a worker group's hops); ``transport`` lets a caller pass an httpx
+    transport instead (``https`` URLs and a caller's transport go through httpx, plain ``http``
+    and Unix sockets through kept-alive ``http.client`` connections). ``capabilities``, when known, name the
     participant without asking it (and a server answering with others is refused).
     ``brief_commits``: every commit asks for a brief reply (no executions and restarts lists,
     which are in the committed manifest's ``extra``), for a caller that does not read them: the
@@ -68,6 +70,7 @@ class RemoteParticipant:
         default_timeout_s: float = 30.0,
         answer_margin_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        uds: str | None = None,
         clock: Callable[[], float] = time.time,
         capabilities: Capabilities | None = None,
         brief_commits: bool = False,
@@ -82,6 +85,7 @@ class RemoteParticipant:
             default_timeout_s=default_timeout_s,
             answer_margin_s=answer_margin_s,
             transport=transport,
+            uds=uds,
             clock=clock,
             describe=lambda: self.name,
         )

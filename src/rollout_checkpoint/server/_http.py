@@ -1,5 +1,9 @@
 """JSON over HTTP with deadline-bound retries: the transport of every remote client here.
 
+Plain ``http`` URLs and Unix sockets go through kept-alive ``http.client`` connections
+(``_lean``: a control call is a small JSON exchange, and httpx's request modelling was most of
+its client cost); ``https`` and a caller's own httpx transport go through httpx.
+
 Each call's HTTP timeout is the time left until its absolute deadline plus a margin for the
 answer to travel; transport failures and 502/503/504 answers are retried with tenacity until
 the deadline or ``attempts`` tries (callers only send idempotent operations); an error body
@@ -8,9 +12,11 @@ becomes the SDK's typed error, its message naming the remote side.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel
@@ -19,6 +25,7 @@ from tenacity.stop import stop_base
 
 from ..errors import CheckpointError, DeadlineExceededError
 from ..telemetry import inject
+from ._lean import ConnectionPool, ReadTimedOut, TransportFailed
 from ._token_rules import check_sendable_token
 from ._wire import ParticipantUnreachableError, error_from_wire
 
@@ -68,6 +75,7 @@ class JsonClient:
         default_timeout_s: float = 30.0,
         answer_margin_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        uds: str | None = None,
         clock: Callable[[], float] = time.time,
         describe: Callable[[], str] | None = None,
     ) -> None:
@@ -80,12 +88,25 @@ class JsonClient:
         self.answer_margin_s = answer_margin_s
         self.clock = clock
         self._describe = describe if describe is not None else (lambda: self.base_url)
-        self._client = httpx.Client(
-            base_url=f"{self.base_url}{prefix}",
-            headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            trust_env=False,
-        )
+        if transport is not None and uds is not None:
+            raise ValueError("name a Unix socket (uds) or an httpx transport, not both")
+        self._pool: ConnectionPool | None = None
+        self._client: httpx.Client | None = None
+        if transport is None and (uds is not None or self.base_url.startswith("http://")):
+            self._pool = ConnectionPool(self.base_url, uds=uds)
+            self._path = f"{urlsplit(self.base_url).path}{prefix}"
+            self._headers = {
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            }
+        else:
+            self._client = httpx.Client(
+                base_url=f"{self.base_url}{prefix}",
+                headers={"Authorization": f"Bearer {token}"},
+                transport=transport,
+                trust_env=False,
+            )
 
     def __repr__(self) -> str:
         return f"JsonClient({self.base_url!r})"
@@ -95,7 +116,10 @@ class JsonClient:
         return self._describe()
 
     def close(self) -> None:
-        self._client.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._client is not None:
+            self._client.close()
 
     def call(
         self,
@@ -148,38 +172,81 @@ class JsonClient:
             timeout = max(0.05, end - self.clock()) + self.answer_margin_s
         else:  # only this long for the answer; connecting and sending keep their own time
             timeout = max(0.05, slice_end - self.clock())
+        headers = inject({})  # W3C trace context: the server's spans join the caller's trace
+        if self._pool is not None:
+            status, content = self._lean(method, path, body, headers, timeout, sliced=slice_end is not None)
+        else:
+            status, content = self._httpx(method, path, body, headers, timeout, sliced=slice_end is not None)
+        if status in _RETRY_STATUSES:
+            raise _Transient(f"HTTP {status}")
+        if status >= 400:
+            raise self._refusal(path, status, content)
         try:
-            headers = inject({})  # W3C trace context: the server's spans join the caller's trace
-            response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
-        except httpx.ReadTimeout as exc:
-            if slice_end is not None:  # no answer within the slice: the caller repeats the call
-                raise SliceEnded(path) from exc
-            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
-        except httpx.TransportError as exc:  # unreachable: retried, then participant_unreachable
-            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
-        if response.status_code in _RETRY_STATUSES:
-            raise _Transient(f"HTTP {response.status_code}")
-        if response.status_code >= 400:
-            raise self._refusal(path, response)
-        try:
-            return reply.model_validate_json(response.content)
+            return reply.model_validate_json(content)
         except ValueError as exc:
             raise ParticipantUnreachableError(
                 f"{self.name}: {path.strip('/')} answered a body that is not a {reply.__name__}: {exc}",
                 participant=self.name,
             ) from None
 
-    def _refusal(self, path: str, response: httpx.Response) -> CheckpointError:
+    def _lean(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        headers: dict[str, str],
+        timeout: float,
+        *,
+        sliced: bool,
+    ) -> tuple[int, bytes]:
+        assert self._pool is not None
+        data = None if body is None else _json_bytes(body)
+        try:
+            return self._pool.request(method, self._path + path, data, {**self._headers, **headers}, timeout)
+        except ReadTimedOut as exc:
+            if sliced:  # no answer within the slice: the caller repeats the call
+                raise SliceEnded(path) from exc
+            raise _Transient(f"ReadTimeout: {exc}", exc) from exc
+        except TransportFailed as exc:  # unreachable: retried, then participant_unreachable
+            raise _Transient(str(exc), exc) from exc
+
+    def _httpx(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        headers: dict[str, str],
+        timeout: float,
+        *,
+        sliced: bool,
+    ) -> tuple[int, bytes]:
+        assert self._client is not None
+        try:
+            response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
+        except httpx.ReadTimeout as exc:
+            if sliced:  # no answer within the slice: the caller repeats the call
+                raise SliceEnded(path) from exc
+            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
+        except httpx.TransportError as exc:  # unreachable: retried, then participant_unreachable
+            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
+        return response.status_code, response.content
+
+    def _refusal(self, path: str, status: int, content: bytes) -> CheckpointError:
         op = path.strip("/")
         try:
-            error = response.json()["error"]
+            error = json.loads(content)["error"]
             code, detail = str(error["code"]), str(error["detail"])
         except (ValueError, KeyError, TypeError):
             return ParticipantUnreachableError(
-                f"{self.name}: {op} answered HTTP {response.status_code} without an error body",
+                f"{self.name}: {op} answered HTTP {status} without an error body",
                 participant=self.name,
-                status=response.status_code,
+                status=status,
             )
         return error_from_wire(
-            code, f"{self.name}: {op} refused: {detail}", participant=self.name, status=response.status_code
+            code, f"{self.name}: {op} refused: {detail}", participant=self.name, status=status
         )
+
+
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    """The body as httpx would send it (compact, UTF-8, no NaN)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -400,7 +400,7 @@ def worker_app() -> WorkerFrontend:
     private.__enter__()
     _keep.append(private)
     _register(group_socket, token, worker_id, socket, caps)
-    group = RemoteParticipant("http://group", token=token, transport=httpx.HTTPTransport(uds=group_socket))
+    group = RemoteParticipant("http://group", token=token, uds=group_socket)
     control = FastAPI()
     control.include_router(checkpoint_router(group, token=token, store=store))
     return WorkerFrontend(

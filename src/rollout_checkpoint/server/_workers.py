@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
-import httpx
-
 from ..errors import InvalidPhaseError, StaleCheckpointError
 from ..format import layout
 from ..format.record_reader import ArchiveReader
@@ -139,11 +137,10 @@ class WorkerGroup:
                     f"{self._capabilities.kind}/{self._capabilities.instance} ({self._capabilities.mode})"
                 )
             self._capabilities = caps
-            transport = httpx.HTTPTransport(uds=socket)
             client = RemoteParticipant(
                 f"http://{worker_id}",
                 token=self._token,
-                transport=transport,
+                uds=socket,
                 attempts=self._call_attempts,
                 capabilities=capabilities,
             )
