@@ -173,10 +173,14 @@ class JsonClient:
         else:  # only this long for the answer; connecting and sending keep their own time
             timeout = max(0.05, slice_end - self.clock())
         headers = inject({})  # W3C trace context: the server's spans join the caller's trace
-        if self._pool is not None:
-            status, content = self._lean(method, path, body, headers, timeout, sliced=slice_end is not None)
-        else:
-            status, content = self._httpx(method, path, body, headers, timeout, sliced=slice_end is not None)
+        try:
+            status, content = self._send(method, path, body, headers, timeout)
+        except ReadTimedOut as exc:
+            if slice_end is not None:  # no answer within the slice: the caller repeats the call
+                raise SliceEnded(path) from exc
+            raise _Transient(f"ReadTimeout: {exc}", exc) from exc
+        except TransportFailed as exc:  # unreachable: retried, then participant_unreachable
+            raise _Transient(str(exc), exc) from exc
         if status in _RETRY_STATUSES:
             raise _Transient(f"HTTP {status}")
         if status >= 400:
@@ -189,46 +193,21 @@ class JsonClient:
                 participant=self.name,
             ) from None
 
-    def _lean(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        headers: dict[str, str],
-        timeout: float,
-        *,
-        sliced: bool,
+    def _send(
+        self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str], timeout: float
     ) -> tuple[int, bytes]:
-        assert self._pool is not None
-        data = None if body is None else _json_bytes(body)
-        try:
+        """``(status, body)`` of one exchange, by whichever transport this client has; no
+        answer is :class:`ReadTimedOut` (sent, not answered in time) or :class:`TransportFailed`."""
+        if self._pool is not None:
+            data = None if body is None else _json_bytes(body)
             return self._pool.request(method, self._path + path, data, {**self._headers, **headers}, timeout)
-        except ReadTimedOut as exc:
-            if sliced:  # no answer within the slice: the caller repeats the call
-                raise SliceEnded(path) from exc
-            raise _Transient(f"ReadTimeout: {exc}", exc) from exc
-        except TransportFailed as exc:  # unreachable: retried, then participant_unreachable
-            raise _Transient(str(exc), exc) from exc
-
-    def _httpx(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        headers: dict[str, str],
-        timeout: float,
-        *,
-        sliced: bool,
-    ) -> tuple[int, bytes]:
         assert self._client is not None
         try:
             response = self._client.request(method, path, json=body, timeout=timeout, headers=headers)
         except httpx.ReadTimeout as exc:
-            if sliced:  # no answer within the slice: the caller repeats the call
-                raise SliceEnded(path) from exc
-            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
-        except httpx.TransportError as exc:  # unreachable: retried, then participant_unreachable
-            raise _Transient(f"{type(exc).__name__}: {exc}", exc) from exc
+            raise ReadTimedOut(str(exc)) from exc
+        except httpx.TransportError as exc:
+            raise TransportFailed(f"{type(exc).__name__}: {exc}") from exc
         return response.status_code, response.content
 
     def _refusal(self, path: str, status: int, content: bytes) -> CheckpointError:
