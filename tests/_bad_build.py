@@ -1,4 +1,4 @@
-"""Build functions that return the wrong thing (``serve`` must say so in one line)."""
+"""Build functions that return the wrong thing or raise (``serve`` must say so in one line)."""
 
 from __future__ import annotations
 
@@ -10,3 +10,7 @@ def returns_a_dict(context: Any) -> dict[str, Any]:
 
 
 NOT_A_FUNCTION = 42
+
+
+def raises(context: Any) -> Any:
+    raise RuntimeError("the model weights are not where the config says")

@@ -147,6 +147,7 @@ def test_serve_a_build_function_with_two_workers(tmp_path: Path) -> None:
     [
         ("_bad_build:returns_a_dict", "must return rollout_checkpoint.server.ServedApp"),
         ("_bad_build:NOT_A_FUNCTION", "not a function"),
+        ("_bad_build:raises", "failed: RuntimeError: the model weights are not where the config says"),
     ],
 )
 @pytest.mark.timeout(180)

@@ -68,6 +68,8 @@ __all__ = [
     "worker_app",
 ]
 
+log = logging.getLogger(__name__)
+
 TOKEN_ENV = "ROLLOUT_CHECKPOINT_TOKEN"
 _BUILD_ENV = "ROLLOUT_CHECKPOINT_WORKER_BUILD"
 _DIR_ENV = "ROLLOUT_CHECKPOINT_WORKER_DIR"
@@ -110,7 +112,20 @@ def load_build(spec: str) -> Build:
 def build_served(spec: str, context: WorkerContext) -> ServedApp:
     """Call the build function ``spec`` names; anything but a :class:`ServedApp` is one clear
     error naming the expected type (``serve`` prints it as one line)."""
-    return check_served(spec, load_build(spec)(context))
+    return check_served(spec, call_build(spec, load_build(spec), context))
+
+
+def call_build(spec: str, build: Build, context: WorkerContext) -> object:
+    """What ``build(context)`` returns; an exception it raises is one clear error naming the
+    build and the exception (:class:`~rollout_checkpoint.errors.InvalidArgumentError`; the
+    traceback is logged at debug level), not a traceback per worker start."""
+    try:
+        return build(context)
+    except CheckpointError as exc:
+        raise InvalidArgumentError(f"build function {spec!r} failed: {exc.message}") from exc
+    except Exception as exc:
+        log.debug("build function %s raised", spec, exc_info=True)
+        raise InvalidArgumentError(f"build function {spec!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def check_served(spec: str, served: object) -> ServedApp:
@@ -381,9 +396,10 @@ def worker_app() -> WorkerFrontend:
     worker_id = f"w{os.getpid()}"
     spec = os.environ[_BUILD_ENV]
     group_socket = os.path.join(directory, _GROUP_SOCKET)
-    answer = load_build(spec)(WorkerContext(worker_id, store, workers))
     try:
-        served = check_served(spec, answer)
+        served = check_served(
+            spec, call_build(spec, load_build(spec), WorkerContext(worker_id, store, workers))
+        )
     except InvalidArgumentError as exc:
         # every worker would refuse it alike: tell the main process, which stops the server
         # (STARTUP_FAILURE) and says it in one line, instead of a loop of crashing workers
