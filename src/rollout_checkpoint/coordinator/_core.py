@@ -184,8 +184,9 @@ class CoordinatorCore:
         raise AssertionError("unreachable")
 
     def _fan_out(self, calls: Sequence[tuple[str, Callable[[], T]]]) -> list[tuple[str, T]]:
-        """Run the calls of one stage concurrently (a remote participant answers slowly); every
-        call has finished when this returns, and the first failure, in stage order, is raised."""
+        """Run the calls concurrently (a remote participant answers slowly): one stage's, or every
+        commit; every call has finished when this returns, and the first failure in the order
+        given (prepare order) is raised."""
         if len(calls) <= 1:
             return [(name, fn()) for name, fn in calls]
         with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="coordinator") as pool:

@@ -121,11 +121,10 @@ def call_build(spec: str, build: Build, context: WorkerContext) -> object:
     traceback is logged at debug level), not a traceback per worker start."""
     try:
         return build(context)
-    except CheckpointError as exc:
-        raise InvalidArgumentError(f"build function {spec!r} failed: {exc.message}") from exc
     except Exception as exc:
         log.debug("build function %s raised", spec, exc_info=True)
-        raise InvalidArgumentError(f"build function {spec!r} failed: {type(exc).__name__}: {exc}") from exc
+        what = exc.message if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+        raise InvalidArgumentError(f"build function {spec!r} failed: {what}") from exc
 
 
 def check_served(spec: str, served: object) -> ServedApp:
@@ -397,9 +396,7 @@ def worker_app() -> WorkerFrontend:
     spec = os.environ[_BUILD_ENV]
     group_socket = os.path.join(directory, _GROUP_SOCKET)
     try:
-        served = check_served(
-            spec, call_build(spec, load_build(spec), WorkerContext(worker_id, store, workers))
-        )
+        served = build_served(spec, WorkerContext(worker_id, store, workers))
     except InvalidArgumentError as exc:
         # every worker would refuse it alike: tell the main process, which stops the server
         # (STARTUP_FAILURE) and says it in one line, instead of a loop of crashing workers
