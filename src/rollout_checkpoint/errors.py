@@ -169,6 +169,12 @@ class StoreUnreachableError(TransientStoreError):
     code = "store_unreachable"
 
 
+class NotAStoreError(StoreError):
+    """A URL names a folder that holds checkpoint stores, not a store itself (``details.stores``)."""
+
+    code = "not_a_store"
+
+
 class StoreUnsupportedError(StoreError):
     """The backend does not implement the operation (a read-only fsspec filesystem, say)."""
 

@@ -236,8 +236,12 @@ class ReferenceResolver:
         try:
             base = self._open(self._reader.store, entry.prefix, entry.manifest.sha256)
         except ObjectNotFoundError:
+            referrer = join_key(self._reader.prefix, "manifest.json")
             raise IntegrityError(
-                f"{key}: base archive manifest is missing", key=key, problem="missing"
+                f"{key}: base archive manifest is missing ({referrer} refers into it)",
+                key=key,
+                problem="missing",
+                referenced_by=referrer,
             ) from None
         m = base.manifest
         # an earlier archive of this component (another checkpoint, another prefix), or one of

@@ -18,11 +18,18 @@ from rich.console import Console
 from rich.table import Table
 
 from ..archive import component_prefixes
-from ..errors import CheckpointError
-from ..format.layout import MANIFEST_NAME, PARTS_DIR
+from ..errors import CheckpointError, IntegrityError, NotAStoreError
+from ..format.layout import (
+    CHECKPOINTS_PREFIX,
+    LATEST_KEY,
+    MANIFEST_NAME,
+    PARTS_DIR,
+    PUBLISHED_PREFIX,
+    SEQUENCE_PREFIX,
+)
 from ..format.record_reader import ArchiveReader
 from ..store import ObjectInfo, ObjectStore
-from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
+from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, print_table, styled
 from ._common import console as _console
 from ._common import fail as _fail
 from ._progress import on_terminal, watched
@@ -33,7 +40,9 @@ __all__ = [
     "Verifier",
     "inspect_store",
     "register",
+    "refuse_folder_of_stores",
     "register_verifier",
+    "stores_within",
     "verify_component_archives",
     "verify_store",
 ]
@@ -66,9 +75,46 @@ def _under(prefix: str, key: str) -> bool:
     return not prefix or key.startswith(prefix + "/")
 
 
+def _published_ids(listing: Sequence[ObjectInfo]) -> set[str]:
+    return {
+        info.key[len(PUBLISHED_PREFIX) : -len(".json")]
+        for info in listing
+        if info.key.startswith(PUBLISHED_PREFIX) and info.key.endswith(".json") and info.key.count("/") == 1
+    }
+
+
+def _unpublished_checkpoint(prefix: str, published: set[str]) -> str | None:
+    """The checkpoint id when archive ``prefix`` lies under ``checkpoints/<id>/`` of a checkpoint
+    that is not published (a base kept for a published one, or a leftover); else ``None``."""
+    if not prefix.startswith(CHECKPOINTS_PREFIX):
+        return None
+    cid = prefix[len(CHECKPOINTS_PREFIX) :].split("/", 1)[0]
+    return None if cid in published else cid
+
+
+def _stored_problems(reader: ArchiveReader) -> list[IntegrityError]:
+    """The problems of what an archive stores itself: shards, member index, reference table."""
+    problems = reader.check_stored()
+    if reader.manifest.references is not None and not problems:
+        try:
+            reader.references()  # the table's length and SHA-256, its rows against the manifest
+        except IntegrityError as exc:
+            problems.append(exc)
+    return problems
+
+
 def verify_component_archives(store: ObjectStore, listing: Sequence[ObjectInfo]) -> Iterator[Finding]:
     """Every component archive: its manifest parses, every shard and the index match their
-    recorded length and SHA-256 (streamed), and the index agrees with the manifest."""
+    recorded length and SHA-256 (streamed), and the index agrees with the manifest.
+
+    An archive of a published checkpoint (or one outside ``checkpoints/``) is checked whole, the
+    bases it refers into included. An archive under an unpublished checkpoint's prefix (a base
+    retention keeps because a retained archive refers into it, or a leftover of a cycle that
+    never published) is checked for what it stores itself: no reader reads it but through a
+    published checkpoint, which reads only those objects of it (references are flattened), so
+    its own bases may be gone (``docs/format.md``, "What retention keeps and what verify checks").
+    """
+    published = _published_ids(listing)
     for prefix in component_prefixes(info.key for info in listing):
         subject = f"{prefix}/{MANIFEST_NAME}" if prefix else MANIFEST_NAME
         try:
@@ -76,17 +122,19 @@ def verify_component_archives(store: ObjectStore, listing: Sequence[ObjectInfo])
         except CheckpointError as exc:
             yield Finding(subject, False, exc.message, exc.code, exc.details)
             continue
-        problems = reader.check()
+        unpublished = _unpublished_checkpoint(prefix, published)
+        problems = reader.check() if unpublished is None else _stored_problems(reader)
         for problem in problems:
             key = str(problem.details.get("key", subject))
             yield Finding(key, False, problem.message, problem.code, problem.details)
         if not problems:
             m = reader.manifest
+            note = "" if unpublished is None else " (not published: the objects it stores)"
             yield Finding(
                 subject,
                 True,
                 f"{m.participant_kind}/{m.instance} of {m.checkpoint_id}: {len(m.shards)} shards, "
-                f"{m.total_records} records, {m.total_bytes} bytes intact",
+                f"{m.total_records} records, {m.total_bytes} bytes intact{note}",
             )
 
 
@@ -100,9 +148,53 @@ def register_verifier(verifier: Verifier) -> Verifier:
     return verifier
 
 
+_STORE_TOP = (CHECKPOINTS_PREFIX, PUBLISHED_PREFIX, SEQUENCE_PREFIX)
+
+
+def stores_within(keys: Iterable[str]) -> list[str]:
+    """Folders among ``keys`` that are checkpoint stores themselves, when the root is not one:
+    a folder is a store when it holds ``latest.json``, ``published/<id>.json`` or
+    ``sequence/<n>.json``; nested stores (a store inside a store's folder) are not listed.
+    Empty when the root is a store, or when no store lies below it."""
+    roots: set[str] = set()
+    for key in keys:
+        if key == LATEST_KEY or key.startswith(_STORE_TOP):
+            return []  # the root is a store (or what is left of one)
+        parts = key.split("/")
+        for i in range(1, len(parts)):
+            rest = parts[i:]
+            if rest == [LATEST_KEY] or (
+                len(rest) == 2
+                and f"{rest[0]}/" in (PUBLISHED_PREFIX, SEQUENCE_PREFIX)
+                and rest[1].endswith(".json")
+            ):
+                roots.add("/".join(parts[:i]))
+                break
+    return sorted(r for r in roots if not any(r.startswith(o + "/") for o in roots))
+
+
+def refuse_folder_of_stores(store: ObjectStore, listing: Sequence[ObjectInfo] | None = None) -> None:
+    """``NotAStoreError`` naming the stores when ``store`` is a folder that holds stores
+    (``listing``: the whole store's, when the caller has it)."""
+    stores = stores_within(info.key for info in (store.list("") if listing is None else listing))
+    if stores:
+        shown = ", ".join(f"{name}/" for name in stores[:_NAMED_STORES])
+        more = f" and {len(stores) - _NAMED_STORES} more" if len(stores) > _NAMED_STORES else ""
+        raise NotAStoreError(
+            f"{store.url}: not a checkpoint store; it holds the stores {shown}{more} (name one of them)",
+            url=store.url,
+            stores=stores,
+        )
+
+
+_NAMED_STORES = 8
+
+
 def verify_store(store: ObjectStore) -> list[Finding]:
-    """Run every registered verifier over one listing of ``store``."""
+    """Run every registered verifier over one listing of ``store`` (``NotAStoreError`` when it
+    is a folder that holds checkpoint stores rather than a store)."""
     listing = store.list("")
+    refuse_folder_of_stores(store, listing)
     findings: list[Finding] = []
     for verifier in VERIFIERS:
         findings.extend(verifier(store, listing))
@@ -226,14 +318,14 @@ def _render_inspect(report: dict[str, Any], console: Console) -> None:
                 _fmt_bytes(c["shard_bytes"] + c["index"]["bytes"] + c["manifest_bytes"]),
                 styled(*notes),
             )
-        console.print(table)
+        print_table(console, table)
     if report["other_objects"]:
         table = Table(title="Other objects", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("key", overflow="fold")
         table.add_column("size", justify="right")
         for o in report["other_objects"]:
             table.add_row(o["key"], _fmt_bytes(o["size"]))
-        console.print(table)
+        print_table(console, table)
     if not report["components"] and not report["other_objects"]:
         console.print("nothing stored here")
 

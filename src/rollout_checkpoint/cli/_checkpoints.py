@@ -15,13 +15,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import CheckpointError, IntegrityError, ObjectNotFoundError
+from ..errors import CheckpointError, CheckpointNotFoundError, IntegrityError, ObjectNotFoundError
 from ..format import layout
 from ..format.commit_log import iter_candidates, list_published, pointer_note, read_latest, read_pointer_hint
 from ..reader import RecoveryPlan, load_checkpoint, verify_checkpoint
 from ..store import ObjectInfo, ObjectStore
-from ._archive import Finding, register_verifier
-from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, styled
+from ._archive import Finding, refuse_folder_of_stores, register_verifier
+from ._common import Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store, print_table, styled
 from ._common import console as _console
 from ._common import fail as _fail
 from ._progress import on_terminal, watched
@@ -52,6 +52,8 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
     try:
         store = _open(url, endpoint_url)
         listed = list_published(store)
+        if not listed:
+            refuse_folder_of_stores(store)  # a folder of stores is not an empty store
         note = pointer_note(read_pointer_hint(store), next(iter_candidates(store), None)) if listed else None
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
@@ -98,7 +100,7 @@ def list_command(url: UrlArg, endpoint_url: EndpointOpt = None, as_json: JsonOpt
             created or styled(("unreadable", "red")),
             states or styled((str(row["error"] or "-"), "red")),
         )
-    console.print(table)
+    print_table(console, table)
     if note is not None:
         console.print(styled(("note", "yellow"), f" {note}"))
 
@@ -132,15 +134,19 @@ def render_plan(plan: RecoveryPlan, console: Console, limit: int) -> None:
     summary = Table("disposition", "rollouts")
     for name, n in counts.items():
         summary.add_row(name, str(n))
-    console.print(summary)
-    table = Table("rollout", "attempt", "disposition", "next attempt", "reason")
-    for item in list(plan.rollouts.values())[:limit]:
-        table.add_row(
-            item.rollout_id, str(item.attempt), item.disposition, str(item.next_attempt), item.reason
-        )
-    console.print(table)
-    if len(plan.rollouts) > limit:
-        console.print(f"... {len(plan.rollouts) - limit} more (use --json for all)")
+    print_table(console, summary)
+    shown = list(plan.rollouts.values())[: max(limit, 0)]
+    if shown:  # no empty frame: --limit 0 (or no rollout) prints the summary alone
+        table = Table("rollout", "attempt", "disposition", "next attempt", "reason")
+        for item in shown:
+            table.add_row(
+                item.rollout_id, str(item.attempt), item.disposition, str(item.next_attempt), item.reason
+            )
+        print_table(console, table)
+    hidden = len(plan.rollouts) - len(shown)
+    if hidden:
+        more = "more " if shown else ""
+        console.print(f"... {hidden} {more}rollout(s) not listed (--limit N or -1 for all, or --json)")
 
 
 def classify_command(
@@ -175,7 +181,11 @@ def classify_command(
     try:
         shown = verify and on_terminal(as_json)  # without --verify only manifests and indexes are read
         with watched(_open(url, endpoint_url), "verifying", enabled=shown) as store:
-            plan = load_checkpoint(store, checkpoint, verify=verify, fallback=fallback)
+            try:
+                plan = load_checkpoint(store, checkpoint, verify=verify, fallback=fallback)
+            except CheckpointNotFoundError:
+                refuse_folder_of_stores(store)  # a folder of stores says so, not "nothing published"
+                raise
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
     if as_json:

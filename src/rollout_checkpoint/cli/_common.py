@@ -7,7 +7,7 @@ import os
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 from typer.core import TyperCommand
 
@@ -24,6 +24,7 @@ __all__ = [
     "fail",
     "open_cli_store",
     "open_demo_store",
+    "print_table",
     "styled",
 ]
 
@@ -62,9 +63,29 @@ class Command(TyperCommand):
 def console(stderr: bool = False) -> Console:
     """A rich console that prints every string literally (no markup, emoji codes or
     highlighting: paths, bucket names and error details may contain ``[...]``); styling is
-    applied only through :func:`styled`. Tables fit the terminal (``COLUMNS`` when output is
-    not a terminal, else 80); plain lines are never folded, so object keys stay whole."""
+    applied only through :func:`styled`. Print tables with :func:`print_table`: on a terminal
+    (or with ``COLUMNS`` set) they fit it, elsewhere they are as wide as their content; plain lines are never folded, so
+    object keys stay whole."""
     return Console(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+
+_UNBOUNDED = 1_000_000
+
+
+def print_table(console: Console, table: RenderableType) -> None:
+    """Print ``table``: on a terminal (or at the width ``COLUMNS`` sets) it fits that width
+    (long cells fold or are cut with an ellipsis); into a pipe or a file every cell is printed
+    whole, the table as wide as its content, so ids and keys can be copied and ``grep``ped."""
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(_UNBOUNDED)).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

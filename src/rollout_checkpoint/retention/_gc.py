@@ -103,6 +103,12 @@ def _checkpoint_ids(store: ObjectStore) -> set[str]:
     return ids
 
 
+def _manifests_first(key: str) -> tuple[bool, int, str]:
+    """Deletion order under a checkpoint prefix: every ``manifest.json`` first, outermost first
+    (a component's manifest before its parts'), then every other object."""
+    return (not key.endswith("/" + layout.MANIFEST_NAME), key.count("/"), key)
+
+
 def _read_ledger(store: ObjectStore) -> _Ledger:
     try:
         info = store.stat(layout.GC_LEDGER_KEY)
@@ -199,7 +205,9 @@ def collect_garbage(
         prefix = layout.checkpoint_prefix(checkpoint_id)
         keys = [info.key for info in store.list(prefix + "/")]
         kept = [k for k in keys if protected is None or under_protected(k, protected)]
-        delete([k for k in keys if k not in set(kept)])
+        # every archive's manifest before the objects it names: a crash in between leaves objects
+        # no manifest claims (a leftover the next collection deletes), never an archive with holes
+        delete(sorted((k for k in keys if k not in set(kept)), key=_manifests_first))
         if kept:
             report.referenced_prefixes.extend(
                 sorted({p for p in protected or () if p.startswith(prefix + "/")})
