@@ -64,8 +64,8 @@ def console(stderr: bool = False) -> Console:
     """A rich console that prints every string literally (no markup, emoji codes or
     highlighting: paths, bucket names and error details may contain ``[...]``); styling is
     applied only through :func:`styled`. Print tables with :func:`print_table`: on a terminal
-    (or with ``COLUMNS`` set) they fit it, elsewhere they are as wide as their content; plain lines are never folded, so
-    object keys stay whole."""
+    (or with ``COLUMNS`` set) they fit it, elsewhere they are as wide as their content; plain
+    lines are never folded, so object keys stay whole."""
     return Console(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
