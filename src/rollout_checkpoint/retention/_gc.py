@@ -5,7 +5,9 @@ collection"):
 
 * **unpublish first, delete after**: an old checkpoint loses ``published/<id>.json`` before any
   of its objects go, so a crash in between leaves an unpublished leftover, never a published
-  checkpoint with holes. The checkpoint ``latest.json`` names is never unpublished.
+  checkpoint with holes. The checkpoint ``latest.json`` names is never unpublished. Within a
+  checkpoint every archive's ``manifest.json`` goes before the objects it names, so a crash
+  leaves whole archives or objects no manifest claims, and ``verify`` still passes.
 * **leftovers age before they go**: objects under ``checkpoints/<id>/`` with no published
   record may belong to a cycle still in flight. They are deleted only once this collector
   has seen them unpublished for ``min_age_s`` (recorded in ``gc/leftovers.json``, so the age
@@ -18,8 +20,11 @@ collection"):
   snapshot taken after gc first saw it unlisted exists (the token store indexed it and left it
   out, so it is not a shard written for the next checkpoint).
 
-A published checkpoint references only objects under its own prefix plus its token snapshot
-and the token shards that snapshot lists, so none of them is ever deleted while it is kept.
+A published checkpoint references only objects under its own prefix plus its token snapshot,
+the token shards that snapshot lists and one hop of base archives (``_reachability``), so none
+of them is ever deleted while it is kept. A kept base's own bases are not kept for it: nothing
+reads them, and ``verify`` checks an unpublished archive for what it stores only
+(``docs/format.md``, "What retention keeps and what verify checks").
 Sequence claims (``sequence/<n>.json``) of checkpoints that are gone are deleted too, except
 the highest, which the next publish counts from.
 """

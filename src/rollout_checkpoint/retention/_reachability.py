@@ -6,7 +6,9 @@ checkpoint is unpublished. References are flattened (a base always stores the ro
 one level of ``bases`` is the whole reachable set. A worker group's component names its
 workers' *parts* (``<component>/parts/<worker_id>``) as bases too, this checkpoint's and, through
 them, earlier checkpoints' parts: an earlier part stays while its own checkpoint's component
-manifest goes.
+manifest goes. The bases of a kept base are not followed: a reader of the retained checkpoint
+never opens them, and keeping the closure would keep a run's whole history (``docs/format.md``,
+"What retention keeps and what verify checks").
 """
 
 from __future__ import annotations
