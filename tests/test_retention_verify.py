@@ -25,6 +25,7 @@ from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import ObjectNotFoundError
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.commit_log import list_published
+from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.retention import collect_garbage
 from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
 
@@ -125,6 +126,26 @@ def test_gc_keep_2_then_keep_1_and_verify_passes_after_each(
     again = runner.invoke(app, ["gc", url, "--keep", "1", "--min-age", "0", "--json", *extra])
     assert json.loads(again.output)["deleted_objects"] == 0
     assert runner.invoke(app, ["verify", url, *extra]).exit_code == 0
+    # a kept base that goes missing (damage): the finding names it, and who refers into it
+    (kept,) = list_published(store)
+    referrer = next(
+        r.prefix
+        for r in load_checkpoint(store, kept.checkpoint_id).record.components
+        if any(kept.checkpoint_id not in b for b in RawArchiveReader.open(store, r.prefix).base_prefixes())
+    )
+    base = next(
+        b for b in RawArchiveReader.open(store, referrer).base_prefixes() if kept.checkpoint_id not in b
+    )
+    store.delete(f"{base}/manifest.json")
+    damaged = runner.invoke(app, ["verify", url, "--json", *extra])
+    assert damaged.exit_code == 1
+    failed = {f["subject"]: f for f in json.loads(damaged.output)["findings"] if not f["ok"]}
+    assert set(failed) == {f"{base}/manifest.json", f"published/{kept.checkpoint_id}.json"}
+    assert failed[f"{base}/manifest.json"]["details"]["referenced_by"] == f"{referrer}/manifest.json"
+    assert (
+        f"{base}/manifest.json: base archive manifest is missing"
+        in failed[f"published/{kept.checkpoint_id}.json"]["message"]
+    )  # the checkpoint is rejected, naming the missing object
 
 
 def _copy(store: ObjectStore, out: ObjectStore | None = None) -> ObjectStore:

@@ -129,7 +129,7 @@ def verify_component_archives(store: ObjectStore, listing: Sequence[ObjectInfo])
             yield Finding(key, False, problem.message, problem.code, problem.details)
         if not problems:
             m = reader.manifest
-            note = "" if unpublished is None else " (not published: the objects it stores)"
+            note = "" if unpublished is None else " (not published: the objects it stores, not its bases)"
             yield Finding(
                 subject,
                 True,
