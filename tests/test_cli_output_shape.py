@@ -49,7 +49,7 @@ def test_a_folder_that_holds_stores_is_one_line_naming_them(tmp_path: Path) -> N
     _store(tmp_path / "runs" / "full-7a1c", checkpoints=1)
     _store(tmp_path / "runs" / "incremental-7a1c", checkpoints=1)
     folder = str(tmp_path / "runs")
-    for command in ("verify", "list", "classify"):
+    for command in ("verify", "list", "classify", "gc"):
         result = runner.invoke(app, [command, folder])
         assert result.exit_code == 1, (command, result.output)
         assert result.stdout == ""
@@ -60,6 +60,7 @@ def test_a_folder_that_holds_stores_is_one_line_naming_them(tmp_path: Path) -> N
         error = json.loads(as_json.stdout)["error"]
         assert as_json.exit_code == 1 and error["code"] == "not_a_store"
         assert error["details"]["stores"] == ["full-7a1c", "incremental-7a1c"]
+    assert not (tmp_path / "runs" / "gc").exists()  # gc wrote nothing there
     # each store verifies on its own
     assert runner.invoke(app, ["verify", f"{folder}/full-7a1c"]).exit_code == 0
 

@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from ..errors import CheckpointError
+from ..format.layout import PUBLISHED_PREFIX
 from ..retention import DEFAULT_MIN_AGE_S, collect_garbage
+from ._archive import refuse_folder_of_stores
 from ._common import AcceptUnsafeOpt, Command, EndpointOpt, JsonOpt, UrlArg, open_cli_store
 from ._common import console as _console
 from ._common import fail as _fail
@@ -47,6 +49,8 @@ def gc_command(
     try:
         opened = open_cli_store(url, endpoint_url, accept_unsafe_store=accept_unsafe_store)
         with watched(opened, "collecting garbage", enabled=on_terminal(as_json)) as store:
+            if not store.list(PUBLISHED_PREFIX):
+                refuse_folder_of_stores(store)  # a folder of stores: say so, never a silent no-op
             report = collect_garbage(store, keep=keep, min_age_s=min_age, dry_run=dry_run)
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
