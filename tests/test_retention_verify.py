@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -20,14 +21,14 @@ from typer.testing import CliRunner
 from _reference_world import RealWorld
 from rollout_checkpoint.archive import RawArchiveReader, find_component_prefixes
 from rollout_checkpoint.cli import app
-from rollout_checkpoint.cli._archive import verify_store
+from rollout_checkpoint.cli._archive import verify_component_archives, verify_store
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.errors import ObjectNotFoundError
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.retention import collect_garbage
-from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
+from rollout_checkpoint.store import DelegatingStore, LocalStore, MemoryStore, ObjectStore
 
 runner = CliRunner()
 
@@ -191,3 +192,44 @@ def test_a_kill_at_every_gc_step_then_verify_passes_and_the_next_gc_finishes() -
         _all_ok(store)
         collect_garbage(store, keep=1, min_age_s=0)
         assert _keys(store) == _keys(reference), steps[k]
+
+
+def test_verify_beside_a_running_gc_counts_an_unpublished_archive_deleted_meanwhile_as_collected() -> None:
+    """A collection running beside ``verify`` deletes an unpublished archive (manifest first)
+    after verify listed the store: not damage. An archive of a published checkpoint that goes
+    missing still fails."""
+    store = MemoryStore(f"gcv-{uuid.uuid4().hex}")
+    _runs(store, runs=1, checkpoints=3, leftover=True)
+    listing = store.list("")
+    left = next(p for p in find_component_prefixes(store, "checkpoints/ck-left/"))
+    store.delete(f"{left}/manifest.json")  # as gc does, manifest first
+    findings = {f.subject: f for f in verify_component_archives(store, listing)}
+    assert findings[f"{left}/manifest.json"].ok
+    assert "deleted while verify ran" in findings[f"{left}/manifest.json"].message
+    # an archive collected after verify read its manifest: its shard is missing, its manifest too
+    other = next(p for p in find_component_prefixes(store, "checkpoints/ck-left/") if p != left)
+
+    class GcBeside(DelegatingStore):
+        """Collects ``other`` (manifest first) as soon as verify reads past its manifest."""
+
+        def _collect(self, key: str) -> None:
+            if key.startswith(other + "/") and not key.endswith("/manifest.json"):
+                keys = [i.key for i in self.inner.list(other + "/")]
+                for k in sorted(keys, key=lambda k: not k.endswith("/manifest.json")):
+                    self.inner.delete(k)
+
+        def get(self, key: str) -> bytes:
+            self._collect(key)
+            return self.inner.get(key)
+
+        def open_read(self, key: str) -> Any:
+            self._collect(key)
+            return self.inner.open_read(key)
+
+    beside = [f for f in verify_component_archives(GcBeside(store), listing) if f.subject.startswith(other)]
+    assert [(f.ok, "deleted while verify ran" in f.message) for f in beside] == [(True, True)]
+    # published: a missing manifest is a failure, named
+    published = next(p for p in find_component_prefixes(store, "checkpoints/ck-0-2/"))
+    store.delete(f"{published}/manifest.json")
+    failed = [f for f in verify_component_archives(store, store.list("") + listing) if not f.ok]
+    assert [f.subject for f in failed] == [f"{published}/manifest.json"]

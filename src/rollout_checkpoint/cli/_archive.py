@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..archive import component_prefixes
-from ..errors import CheckpointError, IntegrityError, NotAStoreError
+from ..errors import CheckpointError, IntegrityError, NotAStoreError, ObjectNotFoundError
 from ..format.layout import (
     CHECKPOINTS_PREFIX,
     LATEST_KEY,
@@ -103,6 +103,12 @@ def _stored_problems(reader: ArchiveReader) -> list[IntegrityError]:
     return problems
 
 
+def _collected_meanwhile(subject: str) -> Finding:
+    """An unpublished archive whose manifest went after the listing: a collection (``gc``) running
+    beside this ``verify`` deleted it, manifest first; not damage."""
+    return Finding(subject, True, "deleted while verify ran (a collection in progress): not checked")
+
+
 def verify_component_archives(store: ObjectStore, listing: Sequence[ObjectInfo]) -> Iterator[Finding]:
     """Every component archive: its manifest parses, every shard and the index match their
     recorded length and SHA-256 (streamed), and the index agrees with the manifest.
@@ -117,13 +123,19 @@ def verify_component_archives(store: ObjectStore, listing: Sequence[ObjectInfo])
     published = _published_ids(listing)
     for prefix in component_prefixes(info.key for info in listing):
         subject = f"{prefix}/{MANIFEST_NAME}" if prefix else MANIFEST_NAME
+        unpublished = _unpublished_checkpoint(prefix, published)
         try:
             reader = ArchiveReader.open(store, prefix)
         except CheckpointError as exc:
+            if unpublished is not None and isinstance(exc, ObjectNotFoundError):
+                yield _collected_meanwhile(subject)
+                continue
             yield Finding(subject, False, exc.message, exc.code, exc.details)
             continue
-        unpublished = _unpublished_checkpoint(prefix, published)
         problems = reader.check() if unpublished is None else _stored_problems(reader)
+        if problems and unpublished is not None and not store.exists(subject):
+            yield _collected_meanwhile(subject)  # a collection deleted it after its manifest
+            continue
         for problem in problems:
             key = str(problem.details.get("key", subject))
             yield Finding(key, False, problem.message, problem.code, problem.details)
