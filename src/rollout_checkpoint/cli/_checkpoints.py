@@ -184,7 +184,8 @@ def classify_command(
             try:
                 plan = load_checkpoint(store, checkpoint, verify=verify, fallback=fallback)
             except CheckpointNotFoundError:
-                refuse_folder_of_stores(store)  # a folder of stores says so, not "nothing published"
+                if not store.list(layout.PUBLISHED_PREFIX):  # a folder of stores says so
+                    refuse_folder_of_stores(store)
                 raise
     except CheckpointError as exc:
         raise _fail(exc, as_json) from None
