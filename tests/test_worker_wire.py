@@ -243,6 +243,7 @@ def _part(store: MemoryStore, worker: str, extra: dict[str, Any]) -> CommitReply
         manifest_key=ref.key,
         manifest_sha256=ref.sha256,
         manifest_bytes=ref.bytes,
+        incarnation=f"inc-{worker}",
     )
 
 

@@ -78,6 +78,7 @@ from ._types import (
     ResumeReply,
     UnsafeEffect,
     WorkerTopology,
+    new_incarnation,
 )
 
 __all__ = [
@@ -112,6 +113,7 @@ __all__ = [
     "UnsafeEffect",
     "WorkerTopology",
     "execution_key",
+    "new_incarnation",
     "restamp",
     "scope_test",
     "wrong_kind",

@@ -7,6 +7,7 @@ two extra operations of asynchronous publication: ``commit(..., publication="asy
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
@@ -36,6 +37,7 @@ __all__ = [
     "ResumeReply",
     "UnsafeEffect",
     "WorkerTopology",
+    "new_incarnation",
 ]
 
 CONTROL_SCHEMA_VERSION = 1
@@ -82,6 +84,14 @@ class PublicationUnknownError(CheckpointError):
     code = "publication_unknown"
 
 
+def new_incarnation() -> str:
+    """A fresh incarnation id: 128 random bits as 32 lowercase hex digits (a valid identifier).
+
+    Drawn once when a participant is built; a restarted process draws another, so a caller that
+    sees a different one knows the state it knew is gone (``docs/protocol.md``, "Incarnations")."""
+    return uuid.uuid4().hex
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -110,6 +120,7 @@ class ParticipantStatus(_Model):
     )
     workers: int = Field(default=1, ge=0, description="worker processes whose answers are merged here")
     waiting: int = Field(default=0, ge=0, description="prepares waiting for readiness here right now")
+    incarnation: Identifier = Field(description="the answering participant's incarnation id")
 
 
 class UnsafeEffect(_Model):
@@ -131,6 +142,7 @@ class PrepareReport(_Model):
     blocker_count: int = 0
     counts: dict[str, int] = Field(default_factory=dict)
     restarts: tuple[ExecutionId, ...] = ()
+    incarnation: Identifier = Field(description="the answering participant's incarnation id")
 
 
 class CommitReply(_Model):
@@ -147,6 +159,7 @@ class CommitReply(_Model):
     executions: tuple[ExecutionId, ...] = ()
     restarts: tuple[ExecutionId, ...] = ()
     unsafe_effects: tuple[UnsafeEffect, ...] = ()
+    incarnation: Identifier = Field(description="the answering participant's incarnation id")
 
     @model_validator(mode="after")
     def _manifest_iff_committed(self) -> CommitReply:
@@ -165,12 +178,14 @@ class RestoreReply(_Model):
     source_checkpoint_id: Identifier
     phase: Phase
     restored: tuple[ExecutionId, ...] = ()
+    incarnation: Identifier = Field(description="the answering participant's incarnation id")
 
 
 class ResumeReply(_Model):
     checkpoint_id: Identifier
     phase: Phase
     idempotent: bool = False
+    incarnation: Identifier = Field(description="the answering participant's incarnation id")
 
 
 @runtime_checkable
