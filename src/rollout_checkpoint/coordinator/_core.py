@@ -116,9 +116,7 @@ class CoordinatorCore:
         published checkpoint or restore (a participant not yet in either is absent)."""
         return dict(self._incarnations)
 
-    def _check_incarnations(
-        self, cid: str, seen: dict[str, str], replies: Sequence[tuple[str, Any]]
-    ) -> None:
+    def _check_incarnations(self, cid: str, seen: dict[str, str], replies: Sequence[tuple[str, Any]]) -> None:
         """Refuse (``participant_restarted``) a reply from another incarnation than this cycle's
         first reply of that participant, or than its last published checkpoint or restore.
         ``seen`` collects the cycle's incarnations (kept once it publishes)."""
