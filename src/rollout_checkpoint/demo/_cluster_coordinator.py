@@ -39,7 +39,7 @@ from ..ids import ExecutionId
 from ..participants.environments import reference_environments
 from ..reader import RecoveryPlan, load_checkpoint
 from ..registry import LiveExecutionRegistry
-from ..server import TOKEN_ENV, RemoteParticipant, RemoteTokenStore
+from ..server import TOKEN_ENV, RemoteParticipant, RemoteTokenStore, exit_with_env
 from ..store import ObjectStore, open_store
 
 __all__ = ["FRESH_EXIT", "REFUSED_EXIT", "coordinator_main", "read_json", "write_json"]
@@ -366,5 +366,6 @@ def _store_options(config: dict[str, Any]) -> dict[str, Any]:
 def coordinator_main(config_path: str) -> int:
     """The coordinator process: dispatch (or recover), hand off, checkpoint periodically; exit 0
     once every rollout handed off a result (see the module docstring for the other statuses)."""
+    exit_with_env()  # the demo that started it: a SIGKILLed demo leaves nothing running
     config = json.loads(Path(config_path).read_text())
     return _CoordinatorProcess(config).run()
