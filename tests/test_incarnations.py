@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from _procs import processes_mentioning, worker_server
 from _protocol_fakes import (
     Deployment,
     FakeTokens,
@@ -274,3 +275,34 @@ def test_a_prepare_repeated_onto_a_restarted_server_is_refused(tmp_path: Path) -
     finally:
         remote.close()
         _kill(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_worker_restarted_inside_a_worker_group_changes_the_group_incarnation(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    store = LocalStore(store_dir)
+    with worker_server(store_dir, 2, token=TOKEN, env={"TMPDIR": str(tmp_path)}) as srv:
+        remote = RemoteParticipant(srv.url, token=TOKEN)
+        try:
+            coordinator = Coordinator(store, [remote], LiveExecutionRegistry(), run_id="test-run")
+            coordinator.checkpoint("ck-1")
+            before = remote.status().incarnation
+            victim = httpx.get(f"{srv.url}/whoami", headers={"Connection": "close"}).json()["pid"]
+            os.kill(victim, signal.SIGKILL)  # uvicorn starts a replacement, which registers
+
+            def replaced() -> bool:
+                return victim not in processes_mentioning(str(store_dir)) and srv.status().get("workers") == 2
+
+            end = time.monotonic() + 120
+            while not replaced():
+                assert time.monotonic() < end, "the killed worker was never replaced"
+                time.sleep(0.1)
+            assert remote.status().incarnation != before
+            with pytest.raises(ParticipantRestartedError):
+                coordinator.checkpoint("ck-2")
+            assert published_ids(store) == ["ck-1"]
+            coordinator.recover()
+            assert coordinator.checkpoint("ck-3").clean
+        finally:
+            remote.close()
