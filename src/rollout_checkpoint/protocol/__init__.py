@@ -60,12 +60,14 @@ from ._lease import DEFAULT_LEASE_GRACE_SECONDS, MAX_DEADLINE_SECONDS
 from ._participant import Participant
 from ._types import (
     CONTROL_SCHEMA_VERSION,
+    INCARNATION_PATTERN,
     PREPARE_ORDER,
     AsyncParticipantControl,
     Capabilities,
     CheckpointMode,
     CommitReply,
     ConcurrencyContract,
+    Incarnation,
     ParticipantControl,
     ParticipantKind,
     ParticipantStatus,
@@ -93,6 +95,8 @@ __all__ = [
     "DEFAULT_LEASE_GRACE_SECONDS",
     "Export",
     "ExportRecords",
+    "INCARNATION_PATTERN",
+    "Incarnation",
     "MAX_DEADLINE_SECONDS",
     "PREPARE_ORDER",
     "Participant",

@@ -201,7 +201,7 @@ class RemoteParticipant:
             ready=False,
             blockers=(f"{self.name}: prepare cancelled (its caller went away)",),
             blocker_count=1,
-            incarnation=known or "unknown",
+            incarnation=known or "0" * 32,  # nobody reads it: the caller went away
         )
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:
