@@ -103,7 +103,9 @@ def test_a_silent_restart_between_checkpoints_publishes_nothing_and_recover_cont
     first = dep.coordinator.checkpoint("ck-1")
     assert load_checkpoint(dep.store, "ck-1").counts()["continue"] == 1
     old = dep.resources.incarnation
-    new = dep.resources.restart().incarnation  # type: ignore[attr-defined]
+    replacement = dep.resources.restart()  # type: ignore[attr-defined]
+    replacement.start_paused()  # as a supervisor starts it: nothing admitted before the restore
+    new = replacement.incarnation
     with pytest.raises(ParticipantRestartedError) as refused:
         dep.coordinator.checkpoint("ck-2")
     error = refused.value
@@ -113,7 +115,8 @@ def test_a_silent_restart_between_checkpoints_publishes_nothing_and_recover_cont
     assert old in error.message and new in error.message
     # nothing published, the latest is still the last good one, every participant reopened
     assert published_ids(dep.store) == ["ck-1"] and latest_id(dep.store) == "ck-1"
-    assert dep.all_open()
+    assert dep.agent.is_open() and dep.model.is_open()
+    assert not replacement.accepting  # the abort's resume does not open a paused replacement
     # the refusal holds until a restore: a second try is refused as well
     with pytest.raises(ParticipantRestartedError):
         dep.coordinator.checkpoint("ck-2b")
@@ -152,11 +155,12 @@ def test_recover_aborts_an_open_checkpoint_and_needs_a_checkpoint_of_this_run() 
     try:
         populate(dep, dep.coordinator.token_source)
         dep.model.prepare("ck-left-open", time.time() + 60)  # a crash left this open
-        assert not dep.model.accepting
+        dep.resources.start_paused()  # a replacement, started paused
+        assert not dep.model.accepting and not dep.resources.accepting
         with pytest.raises(CheckpointNotFoundError, match="published no checkpoint"):
             dep.coordinator.recover()
-        assert dep.model.accepting  # aborted, and the live attempts retired everywhere
-        assert all(p.refuses(ex("cont", 0)) for p in dep.participants)
+        assert dep.all_open()  # aborted, resumed (the paused one too): dispatch afresh
+        assert all(p.refuses(ex("cont", 0)) for p in dep.participants)  # live attempts retired
     finally:
         dep.close()
     other = Deployment(store, token_source=FakeTokens(store))

@@ -14,6 +14,7 @@ from functools import partial
 
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.commit_log import iter_candidates, read_record
+from ..format.manifests import new_checkpoint_id
 from ..ids import ExecutionId
 from ..protocol import ParticipantControl, ParticipantStatus, Phase
 from ..telemetry import Attr, Span, log_fields, operation
@@ -54,7 +55,8 @@ class RecoverOperations(RestoreOperations):
 
         The coordinator keeps the restored incarnations, so the next checkpoint publishes
         again. Raises :class:`~rollout_checkpoint.errors.CheckpointNotFoundError` when this run
-        published nothing (after steps 1 and 2: dispatch every rollout afresh), and the
+        published nothing (after steps 1 and 2 and, unless ``resume=False``, an explicit resume
+        that also opens replacements started paused: dispatch every rollout afresh), and the
         errors of :meth:`restore` (nothing restored then; call ``recover`` again once the
         cause is gone). A participant that cannot be reached fails it: recovery needs them all.
         """
@@ -71,6 +73,8 @@ class RecoverOperations(RestoreOperations):
                 self._retire_everywhere(sorted(batch.values(), key=lambda e: e.rollout_id), deadline_s)
             source = checkpoint_id if checkpoint_id is not None else self.latest_of_run()
             if source is None:
+                if resume:  # an explicit resume: opens a replacement that started paused too
+                    self.resume(new_checkpoint_id("recover"), deadline_s=deadline_s)
                 raise CheckpointNotFoundError(
                     f"recover: run {self.run_id} published no checkpoint in {self.store.url}; every "
                     "participant was resumed and the live attempts retired: dispatch afresh",
