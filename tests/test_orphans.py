@@ -20,7 +20,8 @@ import pytest
 
 from _procs import group, kill_mentioning, processes_mentioning, worker_server
 from conftest import _free_port, _wait_listening
-from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant
+from rollout_checkpoint.server import CHECKPOINT_ROUTE_PREFIX, RemoteParticipant, WorkerContext
+from rollout_checkpoint.store import LocalStore
 
 TOKEN = "tok-orphans-secret"
 HERE = Path(__file__).parent
@@ -88,6 +89,7 @@ def test_a_sigkilled_demo_leaves_no_server_running(tmp_path: Path) -> None:
 
 
 def test_reference_builds_take_the_token_from_the_token_file_and_start_paused(tmp_path: Path) -> None:
+    assert TOKEN not in repr(WorkerContext("w0", LocalStore(tmp_path / "s"), 1, TOKEN))
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_CHECKPOINT_TOKEN"}
