@@ -365,7 +365,9 @@ def test_participant_async_commit_is_idempotent_and_collect_too() -> None:
     with pytest.raises(PublicationUnknownError):
         agent.collect("ck-never", _soon())
     with pytest.raises(ValueError):
-        CommitReply(checkpoint_id="x", phase=Phase.COMMITTED, kind="agent", instance="a")
+        CommitReply(
+            checkpoint_id="x", phase=Phase.COMMITTED, kind="agent", instance="a", incarnation="0" * 32
+        )
     agent.close()
 
 

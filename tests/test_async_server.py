@@ -23,6 +23,7 @@ from _procs import kill_group, start_group
 from _protocol_fakes import ScriptedParticipant, latest_id
 from conftest import _free_port
 from rollout_checkpoint.coordinator import Coordinator
+from rollout_checkpoint.errors import ParticipantRestartedError
 from rollout_checkpoint.format import ArchiveReader
 from rollout_checkpoint.format.commit_log import list_published
 from rollout_checkpoint.format.layout import component_prefix
@@ -214,11 +215,16 @@ def test_one_worker_killed_during_the_background_upload_publishes_nothing(tmp_pa
         assert not store.exists(
             component_prefix("ck-worker-killed", "resources", "counter-0") + "/manifest.json"
         )
-        # the replacement worker registers; the next cycle publishes
+        # the replacement worker registers: the group came back with a lost worker's sessions, a
+        # new incarnation, so no checkpoint publishes over it until a recovery restored it
         end = time.monotonic() + 90
         while remote.status().workers != 2:
             assert time.monotonic() < end, "no replacement worker"
             time.sleep(0.1)
+        with pytest.raises(ParticipantRestartedError):
+            coordinator.checkpoint("ck-refused", deadline_s=60, publication="async")
+        assert latest_id(store) == "ck-base"
+        assert coordinator.recover(deadline_s=60).source_checkpoint_id == "ck-base"
         after = coordinator.checkpoint("ck-after", deadline_s=60, publication="async")
         assert after.clean and latest_id(store) == "ck-after"
         verify_checkpoint(store, "ck-after")

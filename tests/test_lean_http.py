@@ -163,7 +163,7 @@ def test_only_plain_http_or_a_unix_socket() -> None:
 
 def test_json_client_maps_answers_and_failures(tcp_server: Any) -> None:
     client = JsonClient(_url(tcp_server), token=TOKEN, attempts=2)
-    report = {"checkpoint_id": "c1", "phase": "prepared", "ready": True}
+    report = {"checkpoint_id": "c1", "phase": "prepared", "ready": True, "incarnation": "a" * 32}
     tcp_server.answer = (200, report)
     answer = client.call("POST", "/prepare", {"checkpoint_id": "c1"}, PrepareReport, None)
     assert answer.phase is Phase.PREPARED

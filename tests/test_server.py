@@ -111,7 +111,12 @@ def test_status_and_a_full_cycle_over_http(one: Any) -> None:
     assert reply.json()["manifest_key"].endswith("manifest.json")
     assert store.exists(reply.json()["manifest_key"])
     resumed = _post(url, "resume", {"checkpoint_id": "ck-1", "deadline_ts": deadline}).json()
-    assert resumed == {"checkpoint_id": "ck-1", "phase": "idle", "idempotent": False}
+    assert resumed == {
+        "checkpoint_id": "ck-1",
+        "phase": "idle",
+        "idempotent": False,
+        "incarnation": participant.incarnation,
+    }
     retire = _post(
         url, "retire", {"executions": [{"rollout_id": "r1", "attempt": 0}], "deadline_ts": deadline}
     )

@@ -33,7 +33,7 @@ from rollout_checkpoint.errors import (
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.records import ResourceSnapshotRecord
 from rollout_checkpoint.ids import checked_pairs, execution_ids, pack_executions, unpack_executions
-from rollout_checkpoint.protocol import Capabilities, CommitReply, Phase
+from rollout_checkpoint.protocol import Capabilities, CommitReply, Phase, new_incarnation
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,
     RemoteParticipant,
@@ -243,6 +243,7 @@ def _part(store: MemoryStore, worker: str, extra: dict[str, Any]) -> CommitReply
         manifest_key=ref.key,
         manifest_sha256=ref.sha256,
         manifest_bytes=ref.bytes,
+        incarnation=new_incarnation(),
     )
 
 

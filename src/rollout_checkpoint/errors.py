@@ -29,6 +29,7 @@ __all__ = [
     "ManifestConflictError",
     "ObjectExistsError",
     "ObjectNotFoundError",
+    "ParticipantRestartedError",
     "SequenceTakenError",
     "StaleAttemptError",
     "StaleCheckpointError",
@@ -267,6 +268,15 @@ class DeadlineTooFarError(InvalidValueError):
     nothing changed. A participant never holds admission closed on a client's say-so for longer."""
 
     code = "deadline_too_far"
+
+
+class ParticipantRestartedError(CheckpointError):
+    """A participant answered from another incarnation than the one the caller knew: it was
+    restarted (its process replaced, its live state gone) without a restore in between, or
+    within one cycle or one call. Nothing was published; recover (restore) before the next
+    checkpoint. ``details``: ``participant``, ``expected`` and ``actual`` incarnations."""
+
+    code = "participant_restarted"
 
 
 class AdmissionClosedError(CheckpointError):

@@ -82,6 +82,13 @@ def serve_command(
     endpoint_url: EndpointOpt = None,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
     accept_unsafe_store: AcceptUnsafeOpt = False,
+    start_paused: Annotated[
+        bool,
+        typer.Option(
+            "--start-paused",
+            help="Admit no work until a coordinator restores this server or resumes it (a replacement).",
+        ),
+    ] = False,
 ) -> None:
     """Serve a participant's control routes (and its app) on HOST:PORT until interrupted."""
     from ..server import load_build, run_server, run_token_server  # FastAPI and uvicorn: only to serve
@@ -91,6 +98,10 @@ def serve_command(
         if endpoint_url:
             os.environ["AWS_ENDPOINT_URL"] = endpoint_url  # worker processes open the store from the URL
         if kind == "tokens":
+            if start_paused:
+                raise ServeArgumentError(
+                    "--start-paused is for participant servers; the token store admits no work"
+                )
             run_token_server(
                 store,
                 host=host,
@@ -120,6 +131,7 @@ def serve_command(
             workers=workers,
             log_level=log_level,
             accept_unsafe_store=accept_unsafe_store,
+            start_paused=start_paused,
         )
     except CheckpointError as exc:
         raise fail(exc, as_json=False) from None

@@ -18,14 +18,19 @@ it never un-publishes: the outcome reports it. ``fault_hook(step)`` runs before 
 write, every participant call, the commit point and the pointer move, so tests can fail or
 kill the process at each step.
 
-Modules: ``_types`` (errors, outcomes, handle), ``_core`` (shared helpers), ``_publication``
-(validation and the commit point), ``_cycle`` (sync and async cycles), ``_restore`` (restore,
-resume, retire, forget).
+Every reply carries the participant's incarnation; the coordinator keeps each one from its last
+published checkpoint or restore, and a checkpoint that meets another (a participant restarted
+without a restore, or within the cycle) aborts with ``participant_restarted``, nothing
+published. :meth:`Coordinator.recover` is the answer to a restart.
+
+Modules: ``_types`` (errors, outcomes, handle), ``_core`` (shared helpers, incarnations),
+``_publication`` (validation and the commit point), ``_cycle`` (sync and async cycles),
+``_restore`` (restore, resume, retire, forget), ``_recover`` (recover after a crash).
 """
 
 from __future__ import annotations
 
-from ._restore import RestoreOperations
+from ._recover import RecoverOperations
 from ._types import (
     RETIRE_ORDER,
     CheckpointCancelledError,
@@ -54,7 +59,7 @@ __all__ = [
 ]
 
 
-class Coordinator(RestoreOperations):
+class Coordinator(RecoverOperations):
     """Runs checkpoint cycles and restores over a fixed set of participants.
 
     ``participants`` are any :class:`~rollout_checkpoint.protocol.ParticipantControl` (in-process

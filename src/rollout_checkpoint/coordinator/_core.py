@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-from ..errors import DeadlineExceededError, InvalidArgumentError
+from ..errors import DeadlineExceededError, InvalidArgumentError, ParticipantRestartedError
 from ..format.commit_log import iter_candidates
 from ..format.ownership import OwnerEpoch, check_epoch, take_epoch
 from ..ids import validate_id
@@ -106,6 +106,42 @@ class CoordinatorCore:
         self._cancel = threading.Event()
         self._last_sequence = 0
         self._refused: dict[str, tuple[str, list[str]]] = {}  # restore id -> (source, lacking)
+        # kind/instance -> the incarnation of its last published checkpoint or restore
+        self._incarnations: dict[str, str] = {}
+
+    # -- incarnations (``docs/protocol.md``, "Incarnations") --------------------------------------
+    @property
+    def incarnations(self) -> dict[str, str]:
+        """``kind/instance`` -> the incarnation each participant had in this coordinator's last
+        published checkpoint or restore (a participant not yet in either is absent)."""
+        return dict(self._incarnations)
+
+    def _check_incarnations(self, cid: str, seen: dict[str, str], replies: Sequence[tuple[str, Any]]) -> None:
+        """Refuse (``participant_restarted``) a reply from another incarnation than this cycle's
+        first reply of that participant, or than its last published checkpoint or restore.
+        ``seen`` collects the cycle's incarnations (kept once it publishes)."""
+        for name, reply in replies:
+            now: str = reply.incarnation
+            before = seen.get(name)
+            if before is None:
+                seen[name] = now
+                before = self._incarnations.get(name)
+                if before is None or before == now:
+                    continue
+                when = "since its last published checkpoint or restore"
+            elif before == now:
+                continue
+            else:
+                when = f"during checkpoint {cid}"
+            raise ParticipantRestartedError(
+                f"checkpoint {cid}: participant {name} restarted {when} (incarnation {before} -> "
+                f"{now}): its live state is gone, so nothing was published; recover (restore the "
+                "latest checkpoint) before the next one",
+                checkpoint_id=cid,
+                participant=name,
+                expected=before,
+                actual=now,
+            )
 
     # -- ownership of the store (``format.ownership``) -------------------------------------------
     @property

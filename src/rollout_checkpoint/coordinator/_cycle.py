@@ -126,8 +126,11 @@ class CheckpointCycle(Publisher):
         return True
 
     # -- shared steps ------------------------------------------------------------------------------
-    def _prepare_all(self, cid: str, deadline: float, ordered: Ordered, touched: Ordered) -> None:
-        """Prepare stage by stage; stop at the first stage that is not ready."""
+    def _prepare_all(
+        self, cid: str, deadline: float, ordered: Ordered, touched: Ordered, seen: dict[str, str]
+    ) -> None:
+        """Prepare stage by stage; stop at the first stage that is not ready (or whose
+        participant answers from another incarnation)."""
         for kind in PREPARE_ORDER:
             stage = self._stage(ordered, kind)
             touched.extend(stage)
@@ -137,6 +140,7 @@ class CheckpointCycle(Publisher):
                     for name, participant in stage
                 ]
             )
+            self._check_incarnations(cid, seen, reports)
             blocked = [(n, r) for n, r in reports if not r.ready]
             if blocked:
                 raise CheckpointNotReadyError(
@@ -157,6 +161,7 @@ class CheckpointCycle(Publisher):
         hooked: ObjectStore,
         live: list[ExecutionId],
         publication: Publication,
+        seen: dict[str, str],
     ) -> Committed:
         """Commit every participant under the frozen membership, all of them concurrently (as
         NeMo Gym fans its commit out): every stage is prepared, so no participant's state moves
@@ -167,6 +172,7 @@ class CheckpointCycle(Publisher):
             commit = p.commit if publication == "sync" else partial(_async(p).commit, publication="async")
             calls.append((name, partial(self._call, name, "commit", commit, cid, hooked, deadline, live)))
         committed: list[tuple[str, CommitReply]] = self._fan_out(calls)
+        self._check_incarnations(cid, seen, committed)
         return [(name, p, reply) for (name, p), (_, reply) in zip(ordered, committed, strict=True)]
 
     def _latest(
@@ -194,16 +200,18 @@ class CheckpointCycle(Publisher):
             hooked = HookedStore(self.store, self._step)
             ordered = self._ordered()
             touched: Ordered = []
+            seen: dict[str, str] = {}  # this cycle's incarnations
             self._step("freeze")
             with self.registry.frozen(cid) as live:
                 try:
                     with steps.step("prepare"):
-                        self._prepare_all(cid, deadline, ordered, touched)
+                        self._prepare_all(cid, deadline, ordered, touched, seen)
                     with steps.step("commit"):
-                        committed = self._commit_all(cid, deadline, ordered, hooked, live, "sync")
+                        committed = self._commit_all(cid, deadline, ordered, hooked, live, "sync", seen)
                     record, ref = self._complete(
                         cid, deadline, hooked, committed, self.registry, framework_state, steps
                     )
+                    self._incarnations.update(seen)  # published: these are the kept ones now
                 except BaseException as exc:
                     self._abort(cid, touched, deadline)
                     if isinstance(exc, ObjectExistsError):
@@ -258,13 +266,14 @@ class CheckpointCycle(Publisher):
             hooked = HookedStore(self.store, self._step)
             ordered = self._ordered()
             touched: Ordered = []
+            seen: dict[str, str] = {}  # this cycle's incarnations
             self._step("freeze")
             with self.registry.frozen(cid) as live:
                 try:
                     with steps.step("prepare"):
-                        self._prepare_all(cid, deadline, ordered, touched)
+                        self._prepare_all(cid, deadline, ordered, touched, seen)
                     with steps.step("commit"):
-                        frozen = self._commit_all(cid, deadline, ordered, hooked, live, "async")
+                        frozen = self._commit_all(cid, deadline, ordered, hooked, live, "async", seen)
                         for name, _, reply in frozen:
                             if reply.phase is not Phase.FROZEN or reply.checkpoint_id != cid:
                                 raise IntegrityError(
@@ -298,6 +307,7 @@ class CheckpointCycle(Publisher):
                         cycle,
                         handle,
                         resume_errors,
+                        seen,
                     )
                 )
             finally:
@@ -318,6 +328,7 @@ class CheckpointCycle(Publisher):
         cycle: Measured,
         handle: PublicationHandle,
         resume_errors: list[str],
+        seen: dict[str, str],
     ) -> CheckpointOutcome:
         try:
             with steps.step("collect"):
@@ -337,8 +348,10 @@ class CheckpointCycle(Publisher):
                         for name, p, _ in frozen
                     ]
                 )
+            self._check_incarnations(cid, seen, collected)
             committed = [(name, p, reply) for (name, p, _), (_, reply) in zip(frozen, collected, strict=True)]
             record, ref = self._complete(cid, deadline, hooked, committed, snapshot, framework_state, steps)
+            self._incarnations.update(seen)
         except BaseException as exc:
             log.warning(
                 "checkpoint %s: background publication failed, nothing published: %s",

@@ -81,6 +81,7 @@ class RestoreOperations(CheckpointCycle):
             ordered = self._ordered()
             touched: list[tuple[str, ParticipantControl]] = []
             restored: dict[str, tuple[ExecutionId, ...]] = {}
+            incarnations: dict[str, str] = {}  # kept once the restore succeeded everywhere
             try:
                 for kind in PREPARE_ORDER:
                     group = [(n, p) for n, p in ordered if n.split("/", 1)[0] == kind]
@@ -105,6 +106,7 @@ class RestoreOperations(CheckpointCycle):
                         ]
                     ):
                         restored[name] = tuple(reply.restored)
+                        incarnations[name] = reply.incarnation
                 # Fence attempt N of every non-completed rollout at every participant that did not
                 # restore it (a restoring participant fenced its own), so a late request from N
                 # is refused everywhere.
@@ -128,6 +130,8 @@ class RestoreOperations(CheckpointCycle):
                         cause=exc.code,
                     ) from exc
                 raise
+            # the restored state lives in these incarnations: the next checkpoint compares with them
+            self._incarnations.update(incarnations)
             for disposition, count in plan.counts().items():
                 instruments().rollouts.add(count, {Attr.ROLLOUT_DISPOSITION: disposition})
             return RestoreOutcome(rid, plan.checkpoint_id, plan, restored)

@@ -40,7 +40,7 @@ from ..errors import CheckpointError
 from ..format.commit_log import list_published
 from ..ids import ExecutionId
 from ..participants.environments import reference_environments
-from ..server import CHECKPOINT_ROUTE_PREFIX, TOKEN_ENV
+from ..server import CHECKPOINT_ROUTE_PREFIX, EXIT_WITH_ENV, TOKEN_ENV
 from ..store import ObjectStore
 from ._cluster_coordinator import FRESH_EXIT, MAX_TOKENS, read_json, write_json
 from ._run import DemoReport, _join, _threads
@@ -102,6 +102,7 @@ class _Cluster:
         self.env = {
             **os.environ,
             TOKEN_ENV: token,
+            EXIT_WITH_ENV: str(os.getpid()),  # a SIGKILLed demo leaves no server running
             f"{_ENV_PREFIX}SEED": str(seed),
             f"{_ENV_PREFIX}TOKEN_DELAY": str(token_delay),
             f"{_ENV_PREFIX}CONCURRENCY": "64",

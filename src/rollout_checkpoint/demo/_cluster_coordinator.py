@@ -39,7 +39,7 @@ from ..ids import ExecutionId
 from ..participants.environments import reference_environments
 from ..reader import RecoveryPlan, load_checkpoint
 from ..registry import LiveExecutionRegistry
-from ..server import TOKEN_ENV, RemoteParticipant, RemoteTokenStore
+from ..server import TOKEN_ENV, RemoteParticipant, RemoteTokenStore, exit_with_env
 from ..store import ObjectStore, open_store
 
 __all__ = ["FRESH_EXIT", "REFUSED_EXIT", "coordinator_main", "read_json", "write_json"]
@@ -266,28 +266,23 @@ class _CoordinatorProcess:
         if latest is None:
             self.error("no checkpoint of this run was published before the crash")
             return 1
-        deadline = time.time() + 60
-        for remote in self.remotes:  # a checkpoint left open by the crash is aborted
-            active = remote.status().checkpoint_id
-            if active is not None:
-                remote.resume(active, deadline)
-        retired = list(self.running.values())
-        self.coordinator.retire(retired, deadline_s=60)  # survivors drop them; their loops stop
+        retired = list(self.running.values())  # survivors drop them; their loops stop
         coordinator = self.coordinator
         skip = self.config.get("skip")
         if skip:  # the negative control: restore without one kind, which must be refused
+            self.coordinator.retire(retired, deadline_s=60)
             coordinator = self._coordinator([r for r in self.remotes if r.capabilities().kind != skip])
         self.state["restoring"] = True
         self.save()
         try:
-            restored = coordinator.restore(latest, deadline_s=120)
+            # abort what the crash left open, retire, restore into survivors and replacements, resume
+            restored = coordinator.recover(retired, checkpoint_id=latest, deadline_s=120)
         except RestoreFailedError:
             raise  # rolled back (a participant failed, say a new crash): survivors are now ahead
         except CheckpointError as exc:  # refused before anything was touched
             self.state["restore_refused"] = exc.code
             self.error(f"restore refused ({exc.code}): {exc.message}")
             return REFUSED_EXIT
-        coordinator.resume(restored.restore_id)
         plan = restored.plan
         self.state["restores"].append(
             {
@@ -371,5 +366,6 @@ def _store_options(config: dict[str, Any]) -> dict[str, Any]:
 def coordinator_main(config_path: str) -> int:
     """The coordinator process: dispatch (or recover), hand off, checkpoint periodically; exit 0
     once every rollout handed off a result (see the module docstring for the other statuses)."""
+    exit_with_env()  # the demo that started it: a SIGKILLed demo leaves nothing running
     config = json.loads(Path(config_path).read_text())
     return _CoordinatorProcess(config).run()

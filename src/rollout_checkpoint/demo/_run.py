@@ -251,12 +251,11 @@ def run_demo(
     # -- 2. a new process restores the crash checkpoint and runs everything to completion --------
     second = world(store, skip=skip_restore)
     try:
-        restored = second.coordinator.restore(crash_id, deadline_s=timeout)
+        restored = second.coordinator.recover(checkpoint_id=crash_id, deadline_s=timeout)
     except CheckpointError:
         second.close()
         raise
     plan: RecoveryPlan = restored.plan
-    second.coordinator.resume(restored.restore_id)
     report.restore_id = restored.restore_id
     report.continued, report.fresh_dispatch = len(plan.continued), len(plan.fresh)
     say(

@@ -99,7 +99,7 @@ class Run(_Body):
 def _tokens(context: WorkerContext) -> ObjectStoreTokenStore | RemoteTokenStore:
     url = settings().get("tokens_url")
     if url:
-        return RemoteTokenStore(url, token=os.environ[TOKEN_ENV])
+        return RemoteTokenStore(url, token=context.token or os.environ[TOKEN_ENV])
     return ObjectStoreTokenStore(context.store)
 
 

@@ -75,6 +75,7 @@ class AgentParticipant(Participant):
         topology: WorkerTopology = "single_process",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
+        start_paused: bool = False,
     ) -> None:
         if mode not in ("exported", "restart_only"):
             raise ValueError(f"agent mode must be 'exported' or 'restart_only', not {mode!r}")
@@ -86,6 +87,7 @@ class AgentParticipant(Participant):
             concurrency="per_session_serialized",
             lease_grace_seconds=lease_grace_seconds,
             clock=clock,
+            start_paused=start_paused,
         )
         self._runs: dict[ExecutionId, _AgentRun] = {}
         # Indexes kept in step with ``_runs`` so readiness costs O(blockers), not O(runs).

@@ -74,6 +74,7 @@ class ResourcesParticipant(Participant):
         topology: WorkerTopology = "single_process",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
+        start_paused: bool = False,
     ) -> None:
         if mode not in get_args(CheckpointMode):
             raise InvalidValueError(
@@ -89,6 +90,7 @@ class ResourcesParticipant(Participant):
             concurrency="per_session_serialized",
             lease_grace_seconds=lease_grace_seconds,
             clock=clock,
+            start_paused=start_paused,
         )
         if admission_wait < 0:
             raise ValueError("admission_wait must be >= 0")

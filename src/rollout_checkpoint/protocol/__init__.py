@@ -60,12 +60,14 @@ from ._lease import DEFAULT_LEASE_GRACE_SECONDS, MAX_DEADLINE_SECONDS
 from ._participant import Participant
 from ._types import (
     CONTROL_SCHEMA_VERSION,
+    INCARNATION_PATTERN,
     PREPARE_ORDER,
     AsyncParticipantControl,
     Capabilities,
     CheckpointMode,
     CommitReply,
     ConcurrencyContract,
+    Incarnation,
     ParticipantControl,
     ParticipantKind,
     ParticipantStatus,
@@ -78,6 +80,7 @@ from ._types import (
     ResumeReply,
     UnsafeEffect,
     WorkerTopology,
+    new_incarnation,
 )
 
 __all__ = [
@@ -92,6 +95,8 @@ __all__ = [
     "DEFAULT_LEASE_GRACE_SECONDS",
     "Export",
     "ExportRecords",
+    "INCARNATION_PATTERN",
+    "Incarnation",
     "MAX_DEADLINE_SECONDS",
     "PREPARE_ORDER",
     "Participant",
@@ -112,6 +117,7 @@ __all__ = [
     "UnsafeEffect",
     "WorkerTopology",
     "execution_key",
+    "new_incarnation",
     "restamp",
     "scope_test",
     "wrong_kind",

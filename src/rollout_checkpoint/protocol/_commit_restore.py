@@ -137,6 +137,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
                         executions=tuple(executions),
                         restarts=tuple(restarts),
                         unsafe_effects=tuple(effects),
+                        incarnation=self._incarnation,
                     )
 
                 if publication == "async":
@@ -246,7 +247,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
                         # Nothing was installed: forget this try so the same id may be retried.
                         self._active = None
                         self._lease.clear()
-                        self._set_accepting(True)
+                        self._set_accepting(not self._held)
                 raise
         finally:
             self._op_gate.release()
@@ -372,6 +373,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
                 source_checkpoint_id=source_checkpoint_id,
                 phase=Phase.RESTORED,
                 restored=tuple(restored),
+                incarnation=self._incarnation,
             )
             self._phase = Phase.RESTORED
             self._replies.restore = reply

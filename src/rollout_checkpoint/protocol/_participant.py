@@ -54,7 +54,7 @@ class Participant(CommitRestore, abc.ABC):
             if self._active is None:
                 self._active = checkpoint_id
                 self._phase = Phase.PREPARING
-                self._set_accepting(False)
+                self._set_accepting(False, notify=True)
             elif self._active != checkpoint_id:
                 raise self._conflict(checkpoint_id, "prepare")
             elif self._phase is Phase.RESTORED or self._restoring():
@@ -83,18 +83,23 @@ class Participant(CommitRestore, abc.ABC):
         with self._cond:
             self._check_lease()
             check_deadline(deadline, self._clock(), "resume")
+            if self._active is None and self._held:  # started paused: an explicit resume opens
+                self._end_checkpoint("resume of a participant started paused", release=True)
+                self._resumed.remember(checkpoint_id)
+                return self._resume_reply(checkpoint_id, Phase.IDLE, idempotent=False)
             if checkpoint_id in self._resumed:
-                return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=True)
+                return self._resume_reply(checkpoint_id, Phase.IDLE, idempotent=True)
             if self._active is None:
                 self._resumed.remember(checkpoint_id)
-                return ResumeReply(checkpoint_id=checkpoint_id, phase=self._phase, idempotent=True)
+                return self._resume_reply(checkpoint_id, self._phase, idempotent=True)
             if self._active != checkpoint_id:
                 raise self._conflict(checkpoint_id, "resume")
             frozen = self._phase is Phase.FROZEN
-            self._end_checkpoint("resume")
+            # a restore's resume opens a participant that started paused; a checkpoint's does not
+            self._end_checkpoint("resume", release=self._phase is Phase.RESTORED)
             if frozen:  # encoding and upload run after the resume
                 self._uploads.launch(checkpoint_id)
-            return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
+            return self._resume_reply(checkpoint_id, Phase.IDLE, idempotent=False)
 
     def abort_restore(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         """Undo the restore ``checkpoint_id`` if it installed here, and end it for good.
@@ -114,7 +119,7 @@ class Participant(CommitRestore, abc.ABC):
             check_deadline(deadline, self._clock(), "abort_restore")
             if checkpoint_id in self._resumed or self._active != checkpoint_id:
                 self._resumed.remember(checkpoint_id)
-                return ResumeReply(checkpoint_id=checkpoint_id, phase=self._phase, idempotent=True)
+                return self._resume_reply(checkpoint_id, self._phase, idempotent=True)
             if self._phase is Phase.RESTORED:
                 undo = self._restore_undo
                 assert undo is not None and undo[0] == checkpoint_id
@@ -131,7 +136,7 @@ class Participant(CommitRestore, abc.ABC):
                     phase=self._phase.value,
                 )
             self._end_checkpoint("restore aborted")
-            return ResumeReply(checkpoint_id=checkpoint_id, phase=Phase.IDLE, idempotent=False)
+            return self._resume_reply(checkpoint_id, Phase.IDLE, idempotent=False)
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:
         """Extend the lease of the active checkpoint to ``deadline + lease_grace_seconds``."""
@@ -211,6 +216,11 @@ class Participant(CommitRestore, abc.ABC):
         """
 
     # -- internals ----------------------------------------------------------------------------
+    def _resume_reply(self, checkpoint_id: str, phase: Phase, *, idempotent: bool) -> ResumeReply:
+        return ResumeReply(
+            checkpoint_id=checkpoint_id, phase=phase, idempotent=idempotent, incarnation=self._incarnation
+        )
+
     def _wake(self) -> None:
         with self._cond:
             self._changed()
@@ -221,7 +231,9 @@ class Participant(CommitRestore, abc.ABC):
         while True:
             if self._active != checkpoint_id:
                 # The checkpoint ended (resume or lease expiry) while this prepare waited.
-                return PrepareReport(checkpoint_id=checkpoint_id, phase=Phase.IDLE, ready=False)
+                return PrepareReport(
+                    checkpoint_id=checkpoint_id, phase=Phase.IDLE, ready=False, incarnation=self._incarnation
+                )
             if self._phase in (Phase.PREPARED, Phase.COMMITTED, Phase.FROZEN) and self._replies.prepare:
                 return self._replies.prepare
             readiness = self._readiness()
@@ -234,6 +246,7 @@ class Participant(CommitRestore, abc.ABC):
                 blocker_count=len(readiness.blockers),
                 counts=dict(readiness.counts),
                 restarts=tuple(sorted(set(readiness.restarts), key=execution_key)),
+                incarnation=self._incarnation,
             )
             if ready:
                 self._phase = Phase.PREPARED

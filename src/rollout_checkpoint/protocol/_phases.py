@@ -40,6 +40,7 @@ from ._types import (
     Phase,
     UnsafeEffect,
     WorkerTopology,
+    new_incarnation,
 )
 
 __all__ = ["PhaseMachine"]
@@ -61,6 +62,7 @@ class PhaseMachine:
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
         max_deadline_seconds: float = MAX_DEADLINE_SECONDS,
+        start_paused: bool = False,
     ) -> None:
         if lease_grace_seconds < 0:
             raise ValueError("lease_grace_seconds must be >= 0")
@@ -96,6 +98,12 @@ class PhaseMachine:
         self._waiting = 0  # prepares inside their wait right now (each holds a thread)
         self._effects: dict[str, list[UnsafeEffect]] = {}
         self._uploads = Uploads(f"{kind}/{instance}", self._clock)
+        # drawn once per build: a restarted process answers with another (``docs/protocol.md``)
+        self._incarnation = new_incarnation()
+        # admission held closed since start, until a restore or an explicit resume (no hook
+        # runs here: a subclass's state is not built yet, and its admission starts as this says)
+        self._held = bool(start_paused)
+        self._accepting = not self._held
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -110,8 +118,24 @@ class PhaseMachine:
     def mode(self) -> CheckpointMode:
         return self._capabilities.mode
 
+    @property
+    def incarnation(self) -> str:
+        """This participant's incarnation id, drawn when it was built; every control reply
+        carries it."""
+        return self._incarnation
+
     def capabilities(self) -> Capabilities:
         return self._capabilities
+
+    def start_paused(self) -> None:
+        """Hold admission closed (new work parks or is refused) until a restore is resumed or
+        an explicit resume of any id: what a replacement process does before a coordinator
+        restores it, so a retried request of a dead attempt is never served on empty state.
+        A no-op while a checkpoint or restore is active (its resume opens admission)."""
+        with self._cond:
+            if self._active is None:
+                self._held = True
+                self._set_accepting(False)
 
     def status(self) -> ParticipantStatus:
         with self._cond:
@@ -125,6 +149,7 @@ class PhaseMachine:
                 tombstones=len(self.fence),
                 uploading=self._uploads.running(),
                 waiting=self._waiting,
+                incarnation=self._incarnation,
             )
 
     @property
@@ -166,14 +191,19 @@ class PhaseMachine:
             active=self._active,
         )
 
-    def _set_accepting(self, accepting: bool) -> None:
-        if self._accepting != accepting:
+    def _set_accepting(self, accepting: bool, *, notify: bool = False) -> None:
+        """Open or close admission; the hook runs on a change (or always with ``notify``: a
+        checkpoint starting on a participant whose admission was held closed since start)."""
+        if self._accepting != accepting or notify:
             self._accepting = accepting
             self._on_admission(accepting)
         self._changed()
 
-    def _end_checkpoint(self, reason: str) -> None:
-        """Resume: back to idle, admission open, the id fenced, in-flight writes voided."""
+    def _end_checkpoint(self, reason: str, *, release: bool = False) -> None:
+        """Resume: back to idle, admission open, the id fenced, in-flight writes voided.
+
+        A participant started paused keeps admission closed unless ``release`` (the resume of
+        a restore, or an explicit resume while nothing is active)."""
         if self._active is not None:
             self._resumed.remember(self._active)
             log.debug(
@@ -190,7 +220,9 @@ class PhaseMachine:
         self._replies.clear()
         self._restore_undo = None
         self._lease.clear()
-        self._set_accepting(True)
+        if release:
+            self._held = False
+        self._set_accepting(not self._held)
 
     def _extend_lease(self, deadline: float) -> None:
         self._lease.extend(deadline, self.lease_grace_seconds)

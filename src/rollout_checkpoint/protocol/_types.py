@@ -7,10 +7,11 @@ two extra operations of asynchronous publication: ``commit(..., publication="asy
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Annotated, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ..errors import CheckpointError
 from ..ids import ExecutionId, Identifier
@@ -22,6 +23,8 @@ __all__ = [
     "AsyncParticipantControl",
     "Capabilities",
     "CheckpointMode",
+    "INCARNATION_PATTERN",
+    "Incarnation",
     "CommitReply",
     "ConcurrencyContract",
     "ParticipantControl",
@@ -36,6 +39,7 @@ __all__ = [
     "ResumeReply",
     "UnsafeEffect",
     "WorkerTopology",
+    "new_incarnation",
 ]
 
 CONTROL_SCHEMA_VERSION = 1
@@ -82,6 +86,22 @@ class PublicationUnknownError(CheckpointError):
     code = "publication_unknown"
 
 
+INCARNATION_PATTERN = r"^[0-9a-f]{32}$"
+"""An incarnation id: 32 lowercase hex digits (a valid identifier too)."""
+
+Incarnation = Annotated[str, StringConstraints(pattern=INCARNATION_PATTERN)]
+"""An incarnation id, checked by one compiled pattern as a reply is parsed (no Python call: every
+control reply carries one)."""
+
+
+def new_incarnation() -> str:
+    """A fresh incarnation id: 128 random bits as 32 lowercase hex digits (a valid identifier).
+
+    Drawn once when a participant is built; a restarted process draws another, so a caller that
+    sees a different one knows the state it knew is gone (``docs/protocol.md``, "Incarnations")."""
+    return uuid.uuid4().hex
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -110,6 +130,7 @@ class ParticipantStatus(_Model):
     )
     workers: int = Field(default=1, ge=0, description="worker processes whose answers are merged here")
     waiting: int = Field(default=0, ge=0, description="prepares waiting for readiness here right now")
+    incarnation: Incarnation = Field(description="the answering participant's incarnation id")
 
 
 class UnsafeEffect(_Model):
@@ -131,6 +152,7 @@ class PrepareReport(_Model):
     blocker_count: int = 0
     counts: dict[str, int] = Field(default_factory=dict)
     restarts: tuple[ExecutionId, ...] = ()
+    incarnation: Incarnation = Field(description="the answering participant's incarnation id")
 
 
 class CommitReply(_Model):
@@ -147,6 +169,7 @@ class CommitReply(_Model):
     executions: tuple[ExecutionId, ...] = ()
     restarts: tuple[ExecutionId, ...] = ()
     unsafe_effects: tuple[UnsafeEffect, ...] = ()
+    incarnation: Incarnation = Field(description="the answering participant's incarnation id")
 
     @model_validator(mode="after")
     def _manifest_iff_committed(self) -> CommitReply:
@@ -165,12 +188,14 @@ class RestoreReply(_Model):
     source_checkpoint_id: Identifier
     phase: Phase
     restored: tuple[ExecutionId, ...] = ()
+    incarnation: Incarnation = Field(description="the answering participant's incarnation id")
 
 
 class ResumeReply(_Model):
     checkpoint_id: Identifier
     phase: Phase
     idempotent: bool = False
+    incarnation: Incarnation = Field(description="the answering participant's incarnation id")
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@ with several worker processes (one merged participant, session routing between w
 from ._admission import AsyncAdmission, run_blocking
 from ._client import RemoteParticipant
 from ._merge import assign_owners
+from ._orphans import EXIT_WITH_ENV, exit_with, exit_with_env
 from ._router import (
     checkpoint_router,
     control_app,
@@ -53,6 +54,7 @@ from ._workers import WorkerGroup, WorkerInfo
 
 __all__ = [
     "CHECKPOINT_ROUTE_PREFIX",
+    "EXIT_WITH_ENV",
     "MAX_DEADLINE_HORIZON_S",
     "OWNER_COOKIE",
     "OWNER_HEADER",
@@ -98,6 +100,8 @@ __all__ = [
     "control_app",
     "error_from_wire",
     "error_response",
+    "exit_with",
+    "exit_with_env",
     "install_error_handlers",
     "install_participant",
     "run_blocking",

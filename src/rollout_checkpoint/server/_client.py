@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from ..errors import ParticipantRestartedError
 from ..ids import ExecutionId, pack_executions
 from ..protocol import (
     Cancellation,
@@ -40,6 +41,9 @@ from ._wire import (
 
 __all__ = ["PREPARE_SLICE_SECONDS", "RemoteParticipant"]
 
+
+R = TypeVar("R", bound=PrepareReport | CommitReply | RestoreReply | ResumeReply)
+
 PREPARE_SLICE_SECONDS = 1.0
 """How long a cancellable remote prepare waits for an answer before it repeats the call (and how
 long, at most, it keeps a server waiting after its own caller went away)."""
@@ -58,6 +62,13 @@ class RemoteParticipant:
     ``brief_commits``: every commit asks for a brief reply (no executions and restarts lists,
     which are in the committed manifest's ``extra``), for a caller that does not read them: the
     coordinator never does, and over a worker group the lists would travel every hop.
+
+    Incarnations: the client remembers the incarnation of the last answer it read
+    (:attr:`incarnation`). An operation whose call had to be repeated (no answer, a 5xx, a
+    prepare's next slice) and whose answer then comes from another incarnation than the one
+    known when it started is refused with
+    :class:`~rollout_checkpoint.errors.ParticipantRestartedError`: the repeat landed on a
+    restarted process, and what the first try did died with the old one.
     """
 
     def __init__(
@@ -90,6 +101,7 @@ class RemoteParticipant:
             describe=lambda: self.name,
         )
         self._capabilities: Capabilities | None = capabilities
+        self._incarnation: str | None = None
 
     def __repr__(self) -> str:
         return f"RemoteParticipant({self.base_url!r})"
@@ -100,8 +112,42 @@ class RemoteParticipant:
         caps = self._capabilities
         return f"{caps.kind}/{caps.instance} at {self.base_url}" if caps else self.base_url
 
+    @property
+    def incarnation(self) -> str | None:
+        """The incarnation of the last answer read (``None`` before the first)."""
+        return self._incarnation
+
     def close(self) -> None:
         self._http.close()
+
+    def _call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        reply: type[R],
+        deadline: float,
+        known: str | None,
+        *,
+        answer_by: float | None = None,
+        repeated: bool = False,
+    ) -> R:
+        """One control call whose answer carries an incarnation (checked: see the class doc)."""
+        tries: list[int] = []
+        answer = self._http.call("POST", path, body, reply, deadline, answer_by=answer_by, tries=tries)
+        self._observe(answer.incarnation, known, repeated or tries[-1] > 1, path)
+        return answer
+
+    def _observe(self, incarnation: str, known: str | None, repeated: bool, path: str) -> None:
+        self._incarnation = incarnation
+        if repeated and known is not None and incarnation != known:
+            raise ParticipantRestartedError(
+                f"{self.name}: {path.strip('/')} was repeated and answered by another incarnation "
+                f"({known} -> {incarnation}): the participant restarted during the call, and what "
+                "the first try did died with it",
+                participant=self.name,
+                expected=known,
+                actual=incarnation,
+            )
 
     def __enter__(self) -> RemoteParticipant:
         return self
@@ -118,6 +164,7 @@ class RemoteParticipant:
 
     def status(self) -> ParticipantStatus:
         reply = self._http.call("GET", "/status", None, ParticipantStatus, None)
+        self._incarnation = reply.incarnation  # an observation: the caller compares
         if self._capabilities is not None and reply.capabilities != self._capabilities:
             raise ParticipantUnreachableError(
                 f"{self.name}: capabilities changed (another server now answers at this address)",
@@ -135,13 +182,18 @@ class RemoteParticipant:
         idempotent) is repeated after each until ``cancel`` is cancelled, when this answers not
         ready; the connection a slice gives up lets the server cancel its own wait."""
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        known = self._incarnation
         if cancel is None:
-            return self._http.call("POST", "/prepare", body, PrepareReport, deadline)
+            return self._call("/prepare", body, PrepareReport, deadline, known)
+        repeated = False
         while not cancel.cancelled:
             answer_by = self._http.clock() + PREPARE_SLICE_SECONDS
             try:
-                return self._http.call("POST", "/prepare", body, PrepareReport, deadline, answer_by=answer_by)
+                return self._call(
+                    "/prepare", body, PrepareReport, deadline, known, answer_by=answer_by, repeated=repeated
+                )
             except SliceEnded:
+                repeated = True
                 continue
         return PrepareReport(
             checkpoint_id=checkpoint_id,
@@ -149,6 +201,7 @@ class RemoteParticipant:
             ready=False,
             blockers=(f"{self.name}: prepare cancelled (its caller went away)",),
             blocker_count=1,
+            incarnation=known or "0" * 32,  # nobody reads it: the caller went away
         )
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:
@@ -180,12 +233,12 @@ class RemoteParticipant:
             body["part"] = part
         if brief or self.brief_commits:
             body["brief"] = True
-        return self._http.call("POST", "/commit", body, CommitReply, deadline)
+        return self._call("/commit", body, CommitReply, deadline, self._incarnation)
 
     def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
         """Wait (until ``deadline``) for the background upload of an asynchronous commit."""
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
-        return self._http.call("POST", "/collect", body, CommitReply, deadline)
+        return self._call("/collect", body, CommitReply, deadline, self._incarnation)
 
     def restore(
         self,
@@ -202,15 +255,15 @@ class RemoteParticipant:
             "store": _url(store),
             "scope": _executions(scope),
         }
-        return self._http.call("POST", "/restore", body, RestoreReply, deadline)
+        return self._call("/restore", body, RestoreReply, deadline, self._incarnation)
 
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
-        return self._http.call("POST", "/resume", body, ResumeReply, deadline)
+        return self._call("/resume", body, ResumeReply, deadline, self._incarnation)
 
     def abort_restore(self, checkpoint_id: str, deadline: float) -> ResumeReply:
         body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
-        return self._http.call("POST", "/abort-restore", body, ResumeReply, deadline)
+        return self._call("/abort-restore", body, ResumeReply, deadline, self._incarnation)
 
     def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
         batch = _executions(executions) or []

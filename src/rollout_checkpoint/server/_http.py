@@ -130,9 +130,12 @@ class JsonClient:
         deadline: float | None,
         *,
         answer_by: float | None = None,
+        tries: list[int] | None = None,
     ) -> M:
         """One idempotent call, retried until ``deadline``; with ``answer_by`` (earlier than the
-        deadline) the wait for the answer ends then, with :class:`SliceEnded`."""
+        deadline) the wait for the answer ends then, with :class:`SliceEnded`. ``tries``, when
+        given, gets the number of tries the answer took appended (more than one: the call was
+        repeated, and the answer may come from another process than the first try reached)."""
         end = deadline if deadline is not None else self.clock() + self.default_timeout_s
         slice_end = answer_by if answer_by is not None and answer_by < end else None
 
@@ -145,7 +148,10 @@ class JsonClient:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._once(method, path, body, reply, end, slice_end=slice_end)
+                    answer = self._once(method, path, body, reply, end, slice_end=slice_end)
+                    if tries is not None:
+                        tries.append(attempt.retry_state.attempt_number)
+                    return answer
         except _Transient as exc:
             if deadline is not None and self.clock() >= deadline:
                 raise DeadlineExceededError(

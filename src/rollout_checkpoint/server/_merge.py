@@ -154,6 +154,8 @@ def merged_reply(
     phase: Phase,
     replies: dict[str, CommitReply],
     parts: PartsCommitted | None = None,
+    *,
+    incarnation: str,
 ) -> CommitReply:
     """The group's reply: the workers' effects united, and their executions and restarts (those
     ``commit_parts`` read from the parts' manifests when given, else the replies')."""
@@ -173,6 +175,7 @@ def merged_reply(
         executions=tuple(executions),
         restarts=tuple(restarts),
         unsafe_effects=tuple(unique_effects(e for r in replies.values() for e in r.unsafe_effects)),
+        incarnation=incarnation,
     )
 
 

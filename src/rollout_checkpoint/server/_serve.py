@@ -8,8 +8,12 @@ uvicorn starts the workers; each worker builds its own app and participant, serv
 own private socket (for the group and for forwarded sessions), registers with the group, and
 serves the shared port through a :class:`~rollout_checkpoint.server._routing.WorkerFrontend`.
 
-The control token comes from the ``ROLLOUT_CHECKPOINT_TOKEN`` environment variable in worker
-processes (it is never put on a command line). The private sockets live in a scratch folder
+The control token reaches a build function as :attr:`WorkerContext.token` (in worker
+processes it travels in the ``ROLLOUT_CHECKPOINT_TOKEN`` environment variable, never on a
+command line). ``start_paused`` starts every participant paused (admission closed until a
+restore or an explicit resume): a replacement server's choice. Worker processes exit within
+a second or two of their main process's death, even a SIGKILL (see :mod:`._orphans`), so a
+replacement can bind the port. The private sockets live in a scratch folder
 (:class:`~rollout_checkpoint.server._scratch.ScratchFolder`) that a SIGKILLed server's
 replacement removes. A build function whose answer is not a :class:`ServedApp` stops the whole
 server with one error in the main process (the workers report it over the group socket).
@@ -29,7 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import httpx
@@ -44,6 +48,7 @@ from ..protocol import Capabilities, ParticipantControl
 from ..store import ObjectStore, open_store
 from ..tokens import ObjectStoreTokenStore
 from ._client import RemoteParticipant
+from ._orphans import exit_with, exit_with_env
 from ._router import _route_class, _TokenCheck, checkpoint_router, install_participant
 from ._routing import OwnerSigner, Resolver, StampOwner, WorkerFrontend
 from ._scratch import ScratchFolder
@@ -75,17 +80,23 @@ _BUILD_ENV = "ROLLOUT_CHECKPOINT_WORKER_BUILD"
 _DIR_ENV = "ROLLOUT_CHECKPOINT_WORKER_DIR"
 _STORE_ENV = "ROLLOUT_CHECKPOINT_WORKER_STORE"
 _COUNT_ENV = "ROLLOUT_CHECKPOINT_WORKERS"
+_PAUSED_ENV = "ROLLOUT_CHECKPOINT_WORKER_START_PAUSED"
+_MAIN_ENV = "ROLLOUT_CHECKPOINT_WORKER_MAIN_PID"  # a worker dies with its server's main process
 UNSAFE_STORE_ENV = "ROLLOUT_CHECKPOINT_ACCEPT_UNSAFE_STORE"
 _GROUP_SOCKET = "group.sock"
 
 
 @dataclass(frozen=True)
 class WorkerContext:
-    """What a build function learns about the process it builds for."""
+    """What a build function learns about the process it builds for: its worker id, the
+    server's store, how many workers the server runs, its control ``token`` (for clients the
+    build makes of other servers; never shown in a repr) and whether it ``start_paused``."""
 
     worker_id: str
     store: ObjectStore
     workers: int
+    token: str = field(default="", repr=False)
+    start_paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,19 @@ def call_build(spec: str, build: Build, context: WorkerContext) -> object:
         log.debug("build function %s raised", spec, exc_info=True)
         what = exc.message if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
         raise InvalidArgumentError(f"build function {spec!r} failed: {what}") from exc
+
+
+def pause_served(spec: str, served: ServedApp) -> None:
+    """Start the participant of ``served`` paused (``serve --start-paused``); one that cannot
+    (not a :class:`~rollout_checkpoint.protocol.Participant` nor anything with ``start_paused()``)
+    is one clear error."""
+    start = getattr(served.participant, "start_paused", None)
+    if not callable(start):
+        raise InvalidArgumentError(
+            f"build function {spec!r}: its participant ({type(served.participant).__name__}) cannot "
+            "start paused (it has no start_paused())"
+        )
+    start()
 
 
 def check_served(spec: str, served: object) -> ServedApp:
@@ -283,8 +307,10 @@ def run_server(
     log_level: str = "warning",
     startup_timeout_s: float = 60.0,
     accept_unsafe_store: bool = False,
+    start_paused: bool = False,
 ) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM). See the module docstring.
+    """Serve until interrupted (SIGINT/SIGTERM). See the module docstring. ``start_paused``:
+    every participant starts with admission closed until a restore or an explicit resume.
 
     Raises :class:`~rollout_checkpoint.errors.ConditionalWriteUnsupportedError` before listening
     when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false, and
@@ -293,9 +319,12 @@ def run_server(
     check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    exit_with_env()  # started by a process it must not outlive (``demo``)
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
-        served = build_served(build, WorkerContext("w0", target, 1))
+        served = build_served(build, WorkerContext("w0", target, 1, token, start_paused))
+        if start_paused:
+            pause_served(build, served)
         install_participant(served.app, served.participant, token=token, store=target)
         uvicorn.run(served.app, host=host, port=port, log_level=log_level)
         return
@@ -318,6 +347,8 @@ def run_server(
                     _DIR_ENV: directory,
                     _STORE_ENV: target.url,
                     _COUNT_ENV: str(workers),
+                    _PAUSED_ENV: "1" if start_paused else "0",
+                    _MAIN_ENV: str(os.getpid()),
                     UNSAFE_STORE_ENV: "1" if accept_unsafe_store else "0",
                 }
             )
@@ -355,13 +386,19 @@ def run_token_server(
     check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    exit_with_env()
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
         app = token_store_app(ObjectStoreTokenStore(target), token=token)
         uvicorn.run(app, host=host, port=port, log_level=log_level)
         return
     os.environ.update(
-        {TOKEN_ENV: token, _STORE_ENV: target.url, UNSAFE_STORE_ENV: "1" if accept_unsafe_store else "0"}
+        {
+            TOKEN_ENV: token,
+            _STORE_ENV: target.url,
+            UNSAFE_STORE_ENV: "1" if accept_unsafe_store else "0",
+            _MAIN_ENV: str(os.getpid()),
+        }
     )
     uvicorn.run(
         "rollout_checkpoint.server._serve:token_worker_app",
@@ -375,6 +412,7 @@ def run_token_server(
 
 def token_worker_app() -> FastAPI:
     """uvicorn's app factory for token-store worker processes."""
+    _exit_with_main()
     return token_store_app(
         ObjectStoreTokenStore(_worker_store(os.environ[_STORE_ENV])), token=os.environ[TOKEN_ENV]
     )
@@ -388,6 +426,7 @@ _keep: list[Any] = []  # the private server's context manager lives as long as t
 
 def worker_app() -> WorkerFrontend:
     """uvicorn's app factory in every worker process (configured through the environment)."""
+    _exit_with_main()
     token = os.environ[TOKEN_ENV]
     directory = os.environ[_DIR_ENV]
     store = _worker_store(os.environ[_STORE_ENV])
@@ -395,8 +434,11 @@ def worker_app() -> WorkerFrontend:
     worker_id = f"w{os.getpid()}"
     spec = os.environ[_BUILD_ENV]
     group_socket = os.path.join(directory, _GROUP_SOCKET)
+    paused = os.environ.get(_PAUSED_ENV) == "1"
     try:
-        served = build_served(spec, WorkerContext(worker_id, store, workers))
+        served = build_served(spec, WorkerContext(worker_id, store, workers, token, paused))
+        if paused:
+            pause_served(spec, served)
     except InvalidArgumentError as exc:
         # every worker would refuse it alike: tell the main process, which stops the server
         # (STARTUP_FAILURE) and says it in one line, instead of a loop of crashing workers
@@ -424,6 +466,14 @@ def worker_app() -> WorkerFrontend:
         signer=signer,
         resolver=Resolver(group_socket, token),
     )
+
+
+def _exit_with_main() -> None:
+    """A worker dies with its server's main process (even a SIGKILLed one): never an orphan
+    holding the port."""
+    main = os.environ.get(_MAIN_ENV, "")
+    if main.isdigit():
+        exit_with(int(main))
 
 
 def _refuse(group_socket: str, token: str, worker_id: str, detail: str) -> None:

@@ -24,10 +24,15 @@ operation reaches every worker and the answers are merged:
   workers so routed requests find the restored state; ``abort_restore`` reaches every worker (each
   undoes its share) and puts the routing back;
 * ``resume``, ``renew``, ``retire``, ``forget``: reach every worker.
+
+The group's incarnation (every reply carries it) is derived from one drawn when the group is
+built and from the incarnations its workers answered that call with: a worker restarted inside
+the group (its state gone with it) changes the group's incarnation as a restarted server would.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -54,6 +59,7 @@ from ..protocol import (
     Publication,
     RestoreReply,
     ResumeReply,
+    new_incarnation,
 )
 from ..protocol._publication import Upload, Uploads
 from ..store import ObjectStore, open_store
@@ -111,6 +117,8 @@ class WorkerGroup:
         # routing as it was before each restore not yet resumed (``abort_restore`` puts it back)
         self._routing_before: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._gone: deque[str] = deque(maxlen=16)  # recently dropped workers, named in blockers
+        self._incarnation = new_incarnation()  # the group's own; replies carry a derived one
+        self._derived: tuple[tuple[tuple[str, str], ...], str] | None = None  # the last derivation
         self._uploads = Uploads("worker-group", time.time)
         # One pool for every fan-out, its threads kept: a pool made per call started a thread
         # per worker each time (a quick call through an idle group: about 9 -> 7 ms). Sized so
@@ -241,6 +249,27 @@ class WorkerGroup:
             raise failures[0]
         return {wid: f.result() for wid, f in futures.items()}  # all done: none failed
 
+    def _incarnation_of(self, answers: dict[str, str]) -> str:
+        """The group's incarnation given its workers' (worker id -> incarnation) in one call:
+        the group's own and every worker's hashed, so any worker restart changes it. The last
+        derivation is kept (it changes only when a worker does)."""
+        key = tuple(sorted(answers.items()))
+        derived = self._derived
+        if derived is not None and derived[0] == key:
+            return derived[1]
+        digest = hashlib.sha256(self._incarnation.encode())
+        for wid, incarnation in key:
+            digest.update(f"\n{wid}={incarnation}".encode())
+        value = digest.hexdigest()[:32]
+        self._derived = (key, value)
+        return value
+
+    @property
+    def incarnation(self) -> str:
+        """The group's incarnation as its registered workers last answered (no call made)."""
+        derived = self._derived
+        return derived[1] if derived is not None else self._incarnation_of({})
+
     # -- ParticipantControl ---------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
         with self._lock:
@@ -253,7 +282,13 @@ class WorkerGroup:
         caps = self.capabilities()
         if not statuses:
             return ParticipantStatus(
-                capabilities=caps, phase=Phase.IDLE, accepting=False, live=0, tombstones=0, workers=0
+                capabilities=caps,
+                phase=Phase.IDLE,
+                accepting=False,
+                live=0,
+                tombstones=0,
+                workers=0,
+                incarnation=self._incarnation_of({}),
             )
         phases = {s.phase for s in statuses.values()}
         ids = {s.checkpoint_id for s in statuses.values() if s.checkpoint_id is not None}
@@ -267,6 +302,7 @@ class WorkerGroup:
             uploading=self._uploads.running(),
             workers=len(statuses),
             waiting=sum(s.waiting for s in statuses.values()),
+            incarnation=self._incarnation_of({w: s.incarnation for w, s in statuses.items()}),
         )
 
     def prepare(
@@ -299,6 +335,7 @@ class WorkerGroup:
             blocker_count=count,
             counts=counts,
             restarts=tuple(restarts),
+            incarnation=self._incarnation_of({w: r.incarnation for w, r in reports.items()}),
         )
 
     def renew(self, checkpoint_id: str, deadline: float) -> None:
@@ -369,7 +406,13 @@ class WorkerGroup:
             ),
             workers,
         )
-        reply = merged_reply(self.capabilities(), checkpoint_id, Phase.FROZEN, frozen)
+        reply = merged_reply(
+            self.capabilities(),
+            checkpoint_id,
+            Phase.FROZEN,
+            frozen,
+            incarnation=self._incarnation_of({w: r.incarnation for w, r in frozen.items()}),
+        )
 
         def upload(fence: Upload) -> CommitReply:
             # one worker's failed upload fails the group's at once (nothing can publish)
@@ -404,7 +447,14 @@ class WorkerGroup:
     ) -> CommitReply:
         """Write the component manifest over the workers' parts (``commit_parts``)."""
         parts = commit_parts(target, checkpoint_id, self.capabilities(), replies, fence, lock)
-        return merged_reply(self.capabilities(), checkpoint_id, Phase.COMMITTED, replies, parts)
+        return merged_reply(
+            self.capabilities(),
+            checkpoint_id,
+            Phase.COMMITTED,
+            replies,
+            parts,
+            incarnation=self._incarnation_of({w: r.incarnation for w, r in replies.items()}),
+        )
 
     def restore(
         self,
@@ -469,6 +519,7 @@ class WorkerGroup:
             source_checkpoint_id=source_checkpoint_id,
             phase=Phase.RESTORED,
             restored=tuple(restored),
+            incarnation=self._incarnation_of({w: r.incarnation for w, r in replies.items()}),
         )
 
     def resume(self, checkpoint_id: str, deadline: float) -> ResumeReply:
@@ -485,6 +536,7 @@ class WorkerGroup:
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,
             idempotent=all(r.idempotent for r in replies.values()),
+            incarnation=self._incarnation_of({w: r.incarnation for w, r in replies.items()}),
         )
 
     def abort_restore(self, checkpoint_id: str, deadline: float) -> ResumeReply:
@@ -499,6 +551,7 @@ class WorkerGroup:
             checkpoint_id=checkpoint_id,
             phase=Phase.IDLE,
             idempotent=all(r.idempotent for r in replies.values()),
+            incarnation=self._incarnation_of({w: r.incarnation for w, r in replies.items()}),
         )
 
     def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:

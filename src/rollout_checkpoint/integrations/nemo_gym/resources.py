@@ -68,11 +68,11 @@ parks, and the restore's fence then refuses it (``stale_attempt``) instead of se
 
 
 def start_paused_if_asked(participant: Any) -> None:
-    """Close ``participant``'s admission at start when :data:`START_PAUSED_ENV` asks for it
-    (the next restore or resume opens it)."""
+    """Start ``participant`` paused (:meth:`~rollout_checkpoint.protocol.Participant.start_paused`)
+    when :data:`START_PAUSED_ENV` asks for it: admission stays closed until a restore or an
+    explicit resume."""
     if os.environ.get(START_PAUSED_ENV) == "1":
-        with participant._cond:
-            participant._set_accepting(False)
+        participant.start_paused()
 
 
 class GymResourcesParticipant(ResourcesParticipant):

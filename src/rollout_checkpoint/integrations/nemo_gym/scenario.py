@@ -245,17 +245,11 @@ def run_scenario(
         elif kill:
             dep.kill(kill)
             dep.restart(kill)
-            deadline = time.time() + 60
-            for remote in runner.remotes:
-                active = remote.status().checkpoint_id
-                if active is not None:
-                    remote.resume(active, deadline)
             runner.harvest()
-            live = runner.running()
-            if live:
-                runner.coordinator.retire(live, deadline_s=60)
-            restored = runner.coordinator.restore(checkpoint_id, deadline_s=120)
-            runner.coordinator.resume(restored.restore_id)
+            # abort what the crash left open, retire the live attempts, restore, resume
+            restored = runner.coordinator.recover(
+                runner.running(), checkpoint_id=checkpoint_id, deadline_s=120
+            )
             plan = restored.plan
             plan_counts = {k: int(v) for k, v in plan.counts().items()}
             stale_probe = _probe_stale(dep, plan)

@@ -81,6 +81,7 @@ class PolicyModelParticipant(CutRounds):
         topology: WorkerTopology = "single_process",
         lease_grace_seconds: float = DEFAULT_LEASE_GRACE_SECONDS,
         clock: Callable[[], float] | None = None,
+        start_paused: bool = False,
     ) -> None:
         super().__init__(
             kind="model",
@@ -90,6 +91,7 @@ class PolicyModelParticipant(CutRounds):
             concurrency="declared_safe",
             lease_grace_seconds=lease_grace_seconds,
             clock=clock,
+            start_paused=start_paused,
         )
         if delivery not in ("inline", "staged"):
             raise InvalidArgumentError(f"delivery must be 'inline' or 'staged', got {delivery!r}")
