@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -134,6 +134,13 @@ def test_a_gym_server_without_a_spec_is_restart_only_its_rollouts_are_dispatched
     assert summary["completed"] == 3 and summary["lost_results"] == 0
 
 
+def _wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the condition was not reached in time"
+        time.sleep(0.02)
+
+
 def _step_body(**extra: object) -> dict[str, object]:
     message = {
         "type": "message",
@@ -173,19 +180,18 @@ def test_a_gym_step_in_flight_keeps_prepare_not_ready_and_new_steps_park_until_r
             )
             assert reset.status_code == 200 and reset.headers["x-rc-revision"] == "0"
             replies: list[httpx.Response] = []
-            slow = threading.Thread(
-                target=lambda: replies.append(client.post(f"{base}/step", json=_step_body(slow_step=2.0)))
-            )
+            mark = tmp_path / "slow-step"
+            body = _step_body(mark=str(mark))  # the step goes on once {mark}.go exists
+            slow = threading.Thread(target=lambda: replies.append(client.post(f"{base}/step", json=body)))
             slow.start()
-            time.sleep(0.5)
+            _wait_until(lambda: Path(f"{mark}.started").exists() or not slow.is_alive())
             early = remote.prepare("ck-slow", time.time() + 0.5)
             assert not early.ready and early.blocker_count == 1, early  # the step in flight
-            started = time.monotonic()
-            ready = remote.prepare("ck-slow", time.time() + 30)
-            waited = time.monotonic() - started
+            Path(f"{mark}.go").touch()
+            ready = remote.prepare("ck-slow", time.time() + 60)
+            assert ready.ready and Path(f"{mark}.ended").exists()  # prepare waited for the step to end
             slow.join(30)  # its reply may still be on the wire when the step's work ended
-            assert ready.ready and replies and replies[0].status_code == 200
-            assert waited > 0.5  # prepare waited for the step to end
+            assert replies and replies[0].status_code == 200
             parked: list[httpx.Response] = []
             if replies[0].json()["terminated"] is False:
                 late = threading.Thread(
