@@ -7,13 +7,15 @@ Starts, as real processes on 127.0.0.1 and each through Gym's own server start-u
 (``run_webserver()``): the scripted Responses-API model (the policy model participant), Gym's
 blackjack resources server with the checkpoint participant attached (``--workers`` worker
 processes), and the checkpointed Gym gymnasium agent. It dispatches ``--rollouts`` games,
-checkpoints while they wait on the (deliberately slow) model until a published checkpoint lets
-a rollout continue, SIGKILLs the ``--kill`` server, restarts only it, restores the checkpoint
-into every server, resumes, finishes every rollout and compares each with an uninterrupted run
-of the same seed. The store is a local directory by default, or any URL the SDK opens
-(``s3://bucket/prefix`` with the usual ``AWS_*`` variables). With ``--json`` the last line is
-one JSON object. Exit status 0 only for a correct run (every rollout completed, nothing lost,
-no completed model or tool call repeated, results equal to the uninterrupted run).
+holds each game's second model call (so the games stay mid-episode), checkpoints until a
+published checkpoint lets a rollout continue, SIGKILLs the ``--kill`` server, restarts only it,
+restores the checkpoint into every server, resumes, finishes every rollout and compares each
+with an uninterrupted run of the same seed. The store is a local directory by default, or any
+URL the SDK opens (``s3://bucket/prefix`` with the usual ``AWS_*`` variables). With ``--json``
+the last line is one JSON object. Exit status 0 only for a correct run (every rollout completed, nothing lost,
+no completed model or tool call repeated, results equal to the uninterrupted run): ``ok`` and
+``failures`` say that; ``demonstrated`` / ``not_demonstrated`` say, apart from it, what the run
+showed (the crash, a rollout continued, one resumed mid-episode) and why not.
 
 Needs NeMo Gym installed beside the SDK (see docs/nemo-gym.md).
 """
@@ -77,14 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         "store": store,
         "seconds": round(time.monotonic() - started, 1),
     }
+    crash = f"killed the {kill} server" if kill else "no crash (--kill none)"
+    turns = sorted(summary["resumed_at_turns"].values())
     print(
-        f"{summary['completed']}/{summary['rollouts']} rollouts completed; killed {kill}; "
-        f"continued {summary['continued']}, fresh {summary['fresh_dispatch']}; "
+        f"{summary['completed']}/{summary['rollouts']} rollouts completed; {crash}; "
+        f"continued {summary['continued']} (resumed at turns {turns}), "
+        f"fresh {summary['fresh_dispatch']}; "
         f"repeated model calls {summary['repeated_model_calls']}, "
         f"tool calls {summary['repeated_tool_calls']}; "
         f"matches the uninterrupted run: {summary['matches_uninterrupted']}; "
         f"checkpoint pause p50 {summary['pause_ms_p50']} ms"
     )
+    for feature, reason in summary["not_demonstrated"].items():
+        print(f"not demonstrated: {feature}: {reason}")
     for failure in result.failures:
         print(f"FAILED: {failure}")
     if args.json:

@@ -59,6 +59,12 @@ def _run(tmp_path: Path, **options: Any) -> tuple[Any, dict[str, Any], LocalStor
 def _assert_correct(report: Any) -> None:
     failures = report.failures()
     assert failures == [], failures
+    assert report.ok and report.demonstrated["crash"] is True, report.not_demonstrated
+
+
+def _assert_shown(report: Any, *features: str) -> None:
+    """The run showed these features (the reason it did not, if not)."""
+    assert all(report.demonstrated[f] for f in features), report.not_demonstrated
 
 
 def _assert_only_restarted(extra: dict[str, Any], victim: str) -> None:
@@ -72,6 +78,7 @@ def test_rollouts_continue_from_their_last_boundary_after_the_agent_server_is_ki
     report, extra, _ = _run(tmp_path, kill="agent")
     _assert_correct(report)
     assert extra["killed"] == ["agent"] and report.continued > 0
+    _assert_shown(report, "rollouts_continued")
     _assert_only_restarted(extra, "agent")
 
 
@@ -79,6 +86,7 @@ def test_a_generation_cut_continues_from_its_prefix_across_a_killed_model_server
     report, extra, _ = _run(tmp_path, kill="model")
     _assert_correct(report)
     assert report.generation_cuts_continued > 0
+    _assert_shown(report, "rollouts_continued", "generation_cuts_continued")
     _assert_only_restarted(extra, "model")
 
 
@@ -90,9 +98,13 @@ def test_a_killed_resources_server_is_replaced_and_its_sessions_restored(tmp_pat
 
 
 def test_a_killed_token_server_is_replaced_alone(tmp_path: Path) -> None:
-    report, extra, _ = _run(tmp_path, kill="tokens")
+    # no time to wait for a checkpoint worth crashing after: the kill comes at the first one
+    # published, and the run is correct whatever it demonstrates
+    report, extra, _ = _run(tmp_path, kill="tokens", crash_wait=0.0)
     _assert_correct(report)
     _assert_only_restarted(extra, "tokens")
+    assert set(report.demonstrated) == {"crash", "rollouts_continued", "generation_cuts_continued"}
+    assert set(report.not_demonstrated) == {f for f, shown in report.demonstrated.items() if not shown}
 
 
 def test_a_second_crash_while_the_coordinator_restores_restarts_every_server(tmp_path: Path) -> None:
@@ -107,6 +119,8 @@ def test_restoring_without_the_resources_servers_is_refused_and_resumes_nothing(
     report, extra, store = _run(tmp_path, skip_restore="resources")
     assert extra["restore_refused"] == "missing_participant"
     assert report.completed == 0 and report.restore_id is None
+    assert not report.ok and report.to_json()["ok"] is False  # incorrect: the CLI exits 1
+    assert report.not_demonstrated["rollouts_continued"] == "the run restored no checkpoint"
     assert any("resources/blackjack" in e for e in report.errors)
     assert list_published(store)  # the checkpoint exists; it is the restore that is refused
 
@@ -126,6 +140,7 @@ def test_demo_command_kills_the_coordinator_on_a_store_that_needs_accept_unsafe_
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert out.returncode == 0, (summary, out.stderr[-2000:])
     assert summary["ok"] and summary["mode"] == "processes" and summary["killed"] == ["coordinator"]
+    assert summary["demonstrated"]["crash"] is True
     assert summary["restarted"] == [["coordinator"]] and summary["full_restarts"] == 0
     assert summary["completed"] == summary["rollouts"] == 6 and summary["lost_results"] == 0
     assert summary["continued"] + summary["fresh_dispatch"] + summary["completed_before_crash"] <= 6

@@ -82,7 +82,12 @@ def test_the_multi_process_demo_on_s3_continues_after_the_agent_server_is_killed
     assert summary["killed"] == ["agent"] and summary["restarted"] == [["agent"]]
     assert summary["full_restarts"] == 0 and summary["continued"] > 0
     assert summary["completed"] == summary["rollouts"] == 6 and summary["lost_results"] == 0
-    assert summary["matches_uninterrupted"] and summary["generation_cuts_continued"] > 0
+    assert summary["matches_uninterrupted"] and summary["generation_cuts_continued"] > 0, summary[
+        "not_demonstrated"
+    ]
+    assert summary["demonstrated"] == dict.fromkeys(
+        ("crash", "rollouts_continued", "generation_cuts_continued"), True
+    )
     published = list_published(open_store(url, endpoint_url=s3_endpoint))
     assert summary["checkpoint_id"] == published[0].checkpoint_id
 

@@ -71,7 +71,9 @@ def test_a_participant_killed_during_prepare_fails_the_checkpoint_closed(tmp_pat
         cycle.start()
         # the resources prepare is waiting at the server once the agent stage has closed
         status = f"{url}{CHECKPOINT_ROUTE_PREFIX}/status"
+        end = time.monotonic() + 60
         while httpx.get(status, headers={"Authorization": f"Bearer {TOKEN}"}).json()["accepting"]:
+            assert time.monotonic() < end and cycle.is_alive(), ("prepare never reached the server", failure)
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -116,7 +118,9 @@ def test_parked_requests_wait_without_blocking_the_event_loop(tmp_path: Path) ->
         senders = [threading.Thread(target=send, args=(client, f"r{i}")) for i in range(20)]
         for sender in senders:
             sender.start()
+        end = time.monotonic() + 60
         while client.get("/ping").json()["waiting"] < 20:  # the loop answers while 20 requests park
+            assert time.monotonic() < end, "20 requests never parked"
             time.sleep(0.02)
         assert results == {} and participant.live() == {}
         watchers = [t for t in threading.enumerate() if t.name == "admission-watcher"]

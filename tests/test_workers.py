@@ -60,6 +60,21 @@ def _client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_keepalive_connections=0))
 
 
+def _until_in_flight(remote: RemoteParticipant, limit: float = 60.0) -> None:
+    """Until a prepare finds a mutation in flight (not ready); each probe is resumed again. A
+    probe that comes before the mutation only parks it until that resume."""
+    end = time.monotonic() + limit
+    probe = 0
+    while True:
+        probe += 1
+        report = remote.prepare(f"probe-{probe}", time.time() + 0.5)
+        remote.resume(f"probe-{probe}", time.time() + 30)
+        if not report.ready:
+            return
+        assert time.monotonic() < end, "the slow step never started"
+        time.sleep(0.05)
+
+
 def test_assign_owners_keeps_owners_together_and_spreads_them() -> None:
     owners = {
         "old-a": [ex(f"a{i}") for i in range(5)],
@@ -222,6 +237,7 @@ def test_a_worker_killed_during_prepare_fails_that_prepare_and_is_survived(tmp_p
         slow = threading.Thread(target=hold, daemon=True)
         slow.start()
         remote = RemoteParticipant(srv.url, token=TOKEN)
+        _until_in_flight(remote)  # the step is accepted before the checkpoint starts
         coordinator = Coordinator(store, [remote], registry, run_id="test-run")
         failure: list[BaseException] = []
 
@@ -233,7 +249,9 @@ def test_a_worker_killed_during_prepare_fails_that_prepare_and_is_survived(tmp_p
 
         cycle = threading.Thread(target=checkpoint)
         cycle.start()
+        end = time.monotonic() + 60
         while srv.status().get("accepting", True):  # prepare reached the workers
+            assert time.monotonic() < end and cycle.is_alive(), ("prepare never reached the workers", failure)
             time.sleep(0.05)
         os.kill(victim["pid"], signal.SIGKILL)
         cycle.join(120)

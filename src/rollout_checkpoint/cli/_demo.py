@@ -138,6 +138,10 @@ def demo_command(
             "pause_ms_max",
         ):
             console.print(f"  {key:<26} {summary[key]}")
+        shown = [feature for feature, yes in report.demonstrated.items() if yes]
+        console.print(f"  {'demonstrated':<26} {', '.join(shown) or 'nothing'}")
+        for feature, reason in report.not_demonstrated.items():
+            console.print(styled(("not demonstrated", "yellow"), f": {feature}: {reason}"))
         for failure in report.failures():
             console.print(styled(("not a correct run", "red"), f": {failure}"))
     if not report.ok:

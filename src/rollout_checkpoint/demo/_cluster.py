@@ -49,9 +49,9 @@ from ._workload import DemoWorld, Ledger, RolloutSpec, rollout_specs
 __all__ = ["KILLABLE", "counted", "run_cluster_demo"]
 
 KILLABLE = ("model", "agent", "resources", "tokens", "coordinator")
-CUT_WAIT = 6
-"""Checkpoints the first crash waits, once half the rollouts can continue, for one that also
-holds a generation cut of a continued rollout (without one the run shows no cut continued)."""
+CRASH_WAIT_S = 60.0
+"""Seconds the first crash waits (the run goes on, checkpointed) for a checkpoint that lets half
+the rollouts continue and holds a generation cut of one of them; past that it comes anyway."""
 Progress = Callable[[str], None]
 _ENV_PREFIX = "ROLLOUT_CHECKPOINT_DEMO_"
 
@@ -233,6 +233,33 @@ def _preflight(store: ObjectStore, *, accept_unsafe_store: bool) -> None:
     store.remove_empty_folders("demo-preflight/")
 
 
+def _first_crash_moment(
+    cluster: _Cluster, state_path: Path, rollouts: int, crash_wait: float, end: float
+) -> str:
+    """Wait, while the run goes on, for a published checkpoint that lets at least half the
+    rollouts continue and holds a generation cut of one of them, for ``crash_wait`` seconds at
+    most (then for any published checkpoint: a crash before the first would leave nothing to
+    restore), or until the coordinator exits. Returns why a generation cut will not be continued
+    (empty when the checkpoint holds one)."""
+    give_up = time.monotonic() + crash_wait
+    while time.monotonic() < end:
+        state = read_json(state_path)
+        if state.get("done") or cluster.procs["coordinator"].poll() is not None:
+            return ""  # the caller reports that nothing was left to kill
+        cuts = int(state.get("continuable_cuts", 0))
+        if cuts > 0 and 2 * int(state.get("continuable", 0)) >= rollouts:
+            return ""
+        if time.monotonic() >= give_up and state.get("checkpoints"):
+            if cuts > 0:
+                return ""
+            return (
+                f"no checkpoint held a generation cut of a rollout to continue within {crash_wait:g} s "
+                "(a slow or loaded machine; try more --turns)"
+            )
+        time.sleep(0.05)
+    return ""
+
+
 def counted(n: int, noun: str) -> str:
     """``1 checkpoint``, ``2 checkpoints``, ``0 checkpoints``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
@@ -253,10 +280,13 @@ def run_cluster_demo(
     progress: Progress | None = None,
     timeout: float = 600.0,
     workdir: Path | None = None,
+    crash_wait: float = CRASH_WAIT_S,
 ) -> tuple[DemoReport, dict[str, Any]]:
     """Run the multi-process demo; returns the report and extra figures (pause p50/max, which
     processes restarted...). ``workdir`` holds the logs, the config and the state file (default:
-    a new temporary directory)."""
+    a new temporary directory). The first crash waits up to ``crash_wait`` seconds for a
+    checkpoint worth crashing after (see :data:`CRASH_WAIT_S`); the report's
+    ``not_demonstrated`` says what a crash that came without one did not show."""
     kills = [kill] if isinstance(kill, str) else list(kill or [])
     if skip_restore is not None and not kills:
         kills = ["coordinator"]  # a restore needs a crash: the coordinator's is the smallest
@@ -304,6 +334,11 @@ def run_cluster_demo(
     extra["workdir"] = str(workdir)
     end = time.monotonic() + timeout
     step = iter(range(1, 1000))
+    no_crash = "no crash was asked for (--kill none)"
+    no_cut = (
+        "no continued rollout resumed a generation from a cut (the checkpoint restored, the latest "
+        "when the crash came, held none)"
+    )
     try:
         cluster.start_servers()
         cluster.start_coordinator(config)
@@ -315,25 +350,17 @@ def run_cluster_demo(
         )
         for round_, name in enumerate(kills):
             victim = cluster.envs[0] if name == "resources" else name
-            if round_ == 0:  # mid-run: once a checkpoint lets at least half the rollouts continue
-                half_since = 0  # and holds a generation cut of one of them (or CUT_WAIT later)
-                while time.monotonic() < end:
-                    state = read_json(state_path)
-                    if 2 * int(state.get("continuable", 0)) >= rollouts:
-                        half_since = half_since or len(state.get("checkpoints", []))
-                        waited = len(state.get("checkpoints", [])) - half_since
-                        if int(state.get("continuable_cuts", 0)) > 0 or waited >= CUT_WAIT:
-                            break
-                    if state.get("done") or cluster.procs["coordinator"].poll() is not None:
-                        break
-                    time.sleep(0.05)
+            if round_ == 0:  # mid-run: see _first_crash_moment
+                no_cut = _first_crash_moment(cluster, state_path, rollouts, crash_wait, end) or no_cut
             else:  # a later crash comes while the coordinator restores, before the run goes on
                 while time.monotonic() < end and cluster.procs["coordinator"].poll() is None:
                     if read_json(state_path).get("restoring"):
                         break
                     time.sleep(0.01)
             if cluster.procs["coordinator"].poll() is not None:
-                break  # finished (or failed) before the crash: nothing to kill any more
+                # finished (or failed) before the crash: nothing to kill any more
+                no_crash = f"every rollout finished before the {victim} process could be killed"
+                break
             announced["killed"] += 1  # before the kill: every symptom the coordinator sees is after it
             write_json(control, announced)
             cluster.kill(victim)
@@ -421,6 +448,7 @@ def run_cluster_demo(
         f"{next(step)}. same seed uninterrupted (in-process): final environment states and rewards "
         + ("match" if report.matches_uninterrupted else "DIFFER for " + ", ".join(report.mismatched))
     )
+    report.judge(crashed=bool(extra["killed"]), no_crash=no_crash, no_cut=no_cut)
     if own_workdir and report.ok:
         shutil.rmtree(workdir, ignore_errors=True)  # logs are kept only when something went wrong
         extra["workdir"] = None

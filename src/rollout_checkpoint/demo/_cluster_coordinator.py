@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,11 @@ from ..errors import CheckpointError
 from ..format.commit_log import list_published
 from ..ids import ExecutionId
 from ..participants.environments import reference_environments
-from ..reader import RecoveryPlan, load_checkpoint
+from ..reader import load_checkpoint
 from ..registry import LiveExecutionRegistry
 from ..server import TOKEN_ENV, RemoteParticipant, RemoteTokenStore, exit_with_env
 from ..store import ObjectStore, open_store
+from ._demonstrated import continuable_cuts
 
 __all__ = ["FRESH_EXIT", "REFUSED_EXIT", "coordinator_main", "read_json", "write_json"]
 
@@ -78,20 +78,6 @@ def _latest_of_run(store: ObjectStore, rollout_ids: set[str]) -> str | None:
         if set(plan.rollouts) <= rollout_ids:
             return published.checkpoint_id
     return None
-
-
-def continuable_cuts(plan: RecoveryPlan) -> int:
-    """Generation cuts in ``plan`` that belong to a rollout it continues: what the demo's crash
-    needs in its checkpoint to show a generation continued from its prefix (a cut of a
-    restart-only rollout is discarded with its fresh dispatch)."""
-    continued = {p.rollout_id for p in plan.continued}
-    cuts = 0
-    for (kind, _), reader in plan.readers.items():
-        if kind == "model":
-            for member in reader.members(kind="model_lineage"):
-                cut = (member.refs or {}).get("cut")
-                cuts += isinstance(cut, Mapping) and member.rollout_id in continued
-    return cuts
 
 
 class _Failed(Exception):

@@ -23,8 +23,9 @@ from ..errors import CheckpointError
 from ..format.manifests import new_checkpoint_id
 from ..ids import ExecutionId
 from ..protocol import ParticipantKind
-from ..reader import RecoveryPlan
+from ..reader import RecoveryPlan, load_checkpoint
 from ..store import MemoryStore, ObjectStore
+from ._demonstrated import continuable_cuts
 from ._workload import Crashed, DemoWorld, Ledger, RolloutSpec, rollout_specs, run_rollout
 
 __all__ = ["DemoReport", "run_demo"]
@@ -62,9 +63,40 @@ class DemoReport:
     pause_ms_p50: float = 0.0
     pause_ms_max: float = 0.0
     errors: list[str] = field(default_factory=list)
+    demonstrated: dict[str, bool] = field(default_factory=dict)
+    not_demonstrated: dict[str, str] = field(default_factory=dict)
+
+    def demonstrate(self, feature: str, shown: bool, reason: str) -> None:
+        """Record whether the run showed ``feature``; ``reason`` says why not (kept only then).
+        Not part of :meth:`failures`: a correct run that did not show a feature is still correct."""
+        self.demonstrated[feature] = shown
+        if shown:
+            self.not_demonstrated.pop(feature, None)
+        else:
+            self.not_demonstrated[feature] = reason
+
+    def judge(self, *, crashed: bool, no_crash: str, no_cut: str) -> None:
+        """Fill :attr:`demonstrated` for :data:`FEATURES`: the crash (``no_crash`` says why it did
+        not happen), rollouts continued from their boundary, generations continued from their
+        cut (``no_cut`` says why none was, when the crash happened)."""
+        self.demonstrate("crash", crashed, no_crash)
+        self.demonstrate(
+            "rollouts_continued",
+            self.continued > 0,
+            "the run restored no checkpoint"
+            if not crashed or self.restore_id is None
+            else "the restored checkpoint held no rollout to continue (each had finished, had not "
+            "started, or plays a restart-only environment)",
+        )
+        self.demonstrate(
+            "generation_cuts_continued",
+            self.generation_cuts_continued > 0,
+            "the run restored no checkpoint" if not crashed or self.restore_id is None else no_cut,
+        )
 
     def failures(self) -> list[str]:
-        """Why this is not a correct run (empty when it is)."""
+        """Why this is not a correct run (empty when it is); what it did not demonstrate is in
+        :attr:`not_demonstrated`, not here."""
         out = [f"error: {e}" for e in self.errors]
         if self.completed != self.rollouts:
             out.append(f"only {self.completed} of {self.rollouts} rollouts completed")
@@ -75,8 +107,6 @@ class DemoReport:
                 f"repeated completed operations: {self.repeated_model_calls} model, "
                 f"{self.repeated_tool_calls} tool calls"
             )
-        if not self.generation_cuts_continued:
-            out.append("no generation was continued from a cut (was one in flight? try more --turns)")
         if not self.matches_uninterrupted:
             which = ", ".join(self.mismatched) or "missing results"
             out.append(f"differs from the uninterrupted run: {which}")
@@ -87,8 +117,14 @@ class DemoReport:
         return not self.failures()
 
     def to_json(self) -> dict[str, JsonValue]:
-        # why a run is not correct comes first: a reader (or a cut-off log line) sees it at once
-        out: dict[str, JsonValue] = {"ok": self.ok, "failures": list(self.failures())}
+        # why a run is not correct comes first: a reader (or a cut-off log line) sees it at once,
+        # then what it demonstrated (apart from correctness)
+        out: dict[str, JsonValue] = {
+            "ok": self.ok,
+            "failures": list(self.failures()),
+            "demonstrated": dict(self.demonstrated),
+            "not_demonstrated": dict(self.not_demonstrated),
+        }
         out.update(asdict(self))
         # the newest checkpoint this run published (what a reader resolves to afterwards)
         out["checkpoint_id"] = self.checkpoint_ids[-1] if self.checkpoint_ids else None
@@ -171,9 +207,14 @@ def run_demo(
     progress: Progress | None = None,
     timeout: float = 300.0,
     accept_unsafe_store: bool = False,
+    crash_wait: float = 30.0,
 ) -> DemoReport:
     """Run the demo on ``store``; raises the restore's :class:`CheckpointError` (for example
-    :class:`~rollout_checkpoint.coordinator.MissingParticipantError` with ``skip_restore``)."""
+    :class:`~rollout_checkpoint.coordinator.MissingParticipantError` with ``skip_restore``).
+
+    The crash waits up to ``crash_wait`` seconds (the run goes on, checkpointed) for a checkpoint
+    that holds a generation cut of a rollout it continues; past that it crashes anyway and
+    :attr:`DemoReport.not_demonstrated` says why no generation was continued from a cut."""
     say = progress or (lambda _line: None)
     report = DemoReport(rollouts=rollouts, turns=turns, seed=seed)
 
@@ -190,12 +231,20 @@ def run_demo(
             **kwargs,
         )
 
-    crash_id = ""  # named right before the crash checkpoint, so ids sort in publication order
-    marks: dict[str, float] = {}
+    # the crash comes right after the commit point of a checkpoint that holds a generation cut
+    # of a rollout it continues (or once ``crash_wait`` has passed): the fault hook looks at each
+    # candidate once it is published; one it does not crash at is a checkpoint like any other
+    candidate: dict[str, Any] = {"id": "", "decided": False, "crash": False}
+    marks: dict[str, float] = {}  # the current checkpoint's steps: its pause, freeze to resume
 
     def hook(step: str) -> None:
         marks.setdefault(step, time.perf_counter())
-        if step.startswith("resume:") and crash_id in marks:
+        if not candidate["id"] or not step.startswith("resume:"):
+            return
+        if not candidate["decided"]:
+            candidate["decided"] = True
+            candidate["crash"] = crash_now(candidate["id"])
+        if candidate["crash"]:
             raise _CrashNow(step)
 
     # -- 1. the first process: run, checkpoint while generating, checkpoint again and crash ------
@@ -225,21 +274,53 @@ def run_demo(
         f"2. published {outcome.checkpoint_id} with generations in flight "
         f"(paused {outcome.pause_seconds * 1000:.1f} ms, {cuts} generation cuts); the run goes on"
     )
+    crash_by = time.monotonic() + crash_wait
+    no_cut = ""
+    published_to = first.store
+
+    def crash_now(checkpoint_id: str) -> bool:
+        nonlocal no_cut
+        with before.lock:
+            finished = all(r in before.results for r in exported)
+        try:
+            cuts = continuable_cuts(load_checkpoint(published_to, checkpoint_id, verify=False))
+        except CheckpointError:
+            cuts = 0
+        if cuts:
+            return True
+        if finished:
+            no_cut = (
+                "every rollout that could continue finished before a checkpoint held a generation "
+                "cut of one (a slow or loaded machine; try more --turns)"
+            )
+            return True
+        if time.monotonic() >= crash_by:
+            no_cut = f"no checkpoint held a generation cut of a rollout to continue within {crash_wait:g} s"
+            return True
+        return False
+
+    crash_id, crashed = "", False
     _wait_for(before, 2 * rollouts, exported, timeout, failed)
-    crash_id = new_checkpoint_id()
-    marks[crash_id] = time.perf_counter()
-    try:
-        first.coordinator.checkpoint(crash_id, deadline_s=timeout)
-        crashed = False
-    except _CrashNow:
-        crashed = True
-    started = marks.get("freeze", marks[crash_id])
-    resumed = min((t for s, t in marks.items() if s.startswith("resume:")), default=time.perf_counter())
-    pauses.append(resumed - started)
-    report.checkpoints_published += 1
-    report.checkpoint_ids.append(crash_id)
+    while not crashed:
+        crash_id = new_checkpoint_id()
+        candidate.update(id=crash_id, decided=False, crash=False)
+        marks.clear()
+        marks["start"] = time.perf_counter()
+        try:
+            first.coordinator.checkpoint(crash_id, deadline_s=timeout)
+        except _CrashNow:
+            crashed = True
+        started = marks.get("freeze", marks["start"])
+        resumed = min((t for s, t in marks.items() if s.startswith("resume:")), default=time.perf_counter())
+        pauses.append(resumed - started)
+        report.checkpoints_published += 1
+        report.checkpoint_ids.append(crash_id)
+        if not crashed:  # the run goes on: wait for the next generation in flight
+            with before.lock:
+                consumed = sum(before.model.values())
+            _wait_for(before, consumed + 1, exported, timeout, failed)
     report.generation_cuts = _cuts(first)
-    first.crash(crash_id if crashed else None)
+    first.crash(crash_id)
     _join(threads, timeout)
     report.completed_before_crash = len(before.results)
     say(
@@ -324,6 +405,12 @@ def run_demo(
     report.pause_ms = round(max(pauses) * 1000, 3)
     report.pause_ms_max = report.pause_ms
     report.pause_ms_p50 = round(statistics.median(pauses) * 1000, 3)
+    report.judge(
+        crashed=True,
+        no_crash="",
+        no_cut=no_cut
+        or "the checkpoint the crash came after held a generation cut, but no continued rollout consumed it",
+    )
     say(
         f"6. same seed uninterrupted: final environment states and rewards "
         f"{'match' if report.matches_uninterrupted else 'DIFFER for ' + ', '.join(report.mismatched)}"

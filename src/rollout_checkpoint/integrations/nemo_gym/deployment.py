@@ -94,6 +94,8 @@ class GymDeployment:
         self.token = secrets.token_hex(16)
         self.ports = {"head": free_port(), **{role: free_port() for role in ROLES}}
         self.call_log = self.workdir / "model-calls.jsonl"
+        self.model_gate = self.workdir / "model-gate"  # while it exists, later model calls wait
+        self.hold_log = self.workdir / "model-held.jsonl"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: dict[str, int] = {role: 0 for role in ROLES}
 
@@ -122,6 +124,8 @@ class GymDeployment:
                         "seed": s.seed,
                         "delay_s": s.model_delay_s,
                         "call_log": str(self.call_log),
+                        "hold_file": str(self.model_gate),
+                        "hold_log": str(self.hold_log),
                     }
                 }
             },
@@ -234,9 +238,30 @@ class GymDeployment:
     def remote(self, role: str) -> RemoteParticipant:
         return RemoteParticipant(self.url(role), token=self.token)
 
+    def hold_model(self) -> None:
+        """Close the scripted model's gate: each rollout's second and later model calls wait
+        (before generating) until :meth:`release_model`, so rollouts stay mid-episode."""
+        self.model_gate.touch()
+
+    def release_model(self) -> None:
+        """Open the gate: held calls (and later ones) go on."""
+        self.model_gate.unlink(missing_ok=True)
+
+    def held_calls(self) -> list[dict[str, Any]]:
+        """The model calls the gate held (``rollout_id``, ``attempt``, ``call_id``), oldest first."""
+        return self._lines(self.hold_log)
+
     def model_calls(self) -> list[dict[str, Any]]:
+        return self._lines(self.call_log)
+
+    @staticmethod
+    def _lines(path: Path) -> list[dict[str, Any]]:
         try:
-            lines = self.call_log.read_text().splitlines()
+            lines = path.read_text().splitlines()
         except OSError:
             return []
-        return [json.loads(line) for line in lines if line.strip()]
+        out = []
+        for line in lines:
+            with contextlib.suppress(ValueError):  # a line still being appended
+                out.append(json.loads(line))
+        return out

@@ -11,7 +11,12 @@ resume, and prepare never waits for the model's latency), its tokens (the UTF-8 
 and reply) staged durably in the token store, then delivered into the rollout's lineage, so
 lineage and receipts in a checkpoint are real. ``delay_s`` is the time each reply takes (a slow
 model, so checkpoints find rollouts waiting on it); ``call_log`` appends one JSON line per
-delivered call.
+delivered call. ``hold_file`` is a gate the caller controls: while that file exists, a call
+whose ``x-rc-call-id`` ends in a number at or above ``hold_from_call`` (``step-2``: a rollout's
+second model call) waits before it generates (nothing durable yet, so a checkpoint does not wait
+for it), for :data:`HOLD_SECONDS` at most; ``hold_log`` appends one JSON line per call held.
+A run that must checkpoint a rollout mid-episode
+holds it there, on any machine, instead of racing the rollouts to their end.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ from ...tokens import BatchingTokenSink, ObjectStoreTokenStore
 from .identity import IDENTITY_SETTING, execution_from_capture_key
 from .resources import start_paused_if_asked
 
-__all__ = ["FINISH_PATH", "ScriptedModelConfig", "ScriptedResponsesModel", "blackjack_move"]
+__all__ = ["FINISH_PATH", "HOLD_SECONDS", "ScriptedModelConfig", "ScriptedResponsesModel", "blackjack_move"]
 
 FINISH_PATH = "/rollout_checkpoint/finish"
 WAIT_SECONDS = 300.0
+HOLD_SECONDS = 300.0
+"""How long a held call waits for its gate to open at most (then it goes on)."""
 _BODY = Body()
 _HAND = re.compile(r"Your hand: \[[^\]]*\] = (\d+)")
 
@@ -58,6 +65,9 @@ class ScriptedModelConfig(BaseResponsesAPIModelConfig):
     seed: int = 0
     delay_s: float = 0.0
     call_log: str | None = None
+    hold_file: str | None = None
+    hold_from_call: int = 2
+    hold_log: str | None = None
 
 
 def _text(item: Any) -> str:
@@ -131,6 +141,7 @@ class ScriptedResponsesModel(SimpleResponsesAPIModel):
         generated = text.encode()
         if self.config.delay_s:  # "generating": nothing to cut, nothing durable yet
             await asyncio.sleep(self.config.delay_s)
+        await self._held(key, call_id)
         try:
             execution = execution_from_capture_key(key)
             # the reply joins the lineage only once admitted: while a checkpoint runs it waits
@@ -184,6 +195,28 @@ class ScriptedResponsesModel(SimpleResponsesAPIModel):
                 },
             }
         )
+
+    async def _held(self, key: str, call_id: str) -> None:
+        """Wait while the gate (``hold_file``) is closed for this call, :data:`HOLD_SECONDS` at most."""
+        gate = self.config.hold_file
+        number = call_id.rsplit("-", 1)[-1]
+        if gate is None or not number.isdigit() or int(number) < self.config.hold_from_call:
+            return
+        if not os.path.exists(gate):
+            return
+        if self.config.hold_log:
+            try:
+                execution = execution_from_capture_key(key)
+            except CheckpointError:
+                pass  # refused below, as any call without a rollout identity
+            else:
+                line = {"rollout_id": execution.rollout_id, "attempt": execution.attempt, "call_id": call_id}
+                with open(self.config.hold_log, "a") as log:
+                    log.write(json.dumps(line) + "\n")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + HOLD_SECONDS
+        while os.path.exists(gate) and loop.time() < end:
+            await asyncio.sleep(0.02)
 
     async def finish_rollout(self) -> dict[str, bool]:
         """The rollout is done with the model (its lineage is not exported again)."""

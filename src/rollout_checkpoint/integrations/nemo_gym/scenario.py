@@ -1,7 +1,8 @@
 """One crash-and-resume run of Gym blackjack rollouts, checked against an uninterrupted run.
 
 :func:`run_scenario` starts the deployment (:mod:`.deployment`), dispatches the rollouts to the
-checkpointed gymnasium agent, checkpoints while they wait on the (slow) scripted model until a
+checkpointed gymnasium agent, holds each rollout's second model call at the scripted model's gate
+(the rollouts stay mid-episode however fast or loaded the machine), checkpoints until a
 published checkpoint lets a rollout continue, SIGKILLs the chosen server, restarts only it
 (paused), aborts any open checkpoint, retires the attempts still live in the survivors, restores
 the checkpoint everywhere, resumes, dispatches each rollout the plan continues as attempt N+1
@@ -196,10 +197,16 @@ def run_scenario(
     compare: bool = True,
     want: str = "continue",
     max_checkpoints: int = 200,
+    hold_wait_s: float = 60.0,
 ) -> ScenarioResult:
     """See the module docstring. ``want`` is the disposition the published checkpoint must give
     at least one rollout before the kill (``fresh_dispatch`` for a restart-only server);
-    ``compare=False`` skips the comparison with the blackjack reference (another game)."""
+    ``compare=False`` skips the comparison with the blackjack reference (another game).
+    The model holds each rollout's second call until the crash; the first checkpoint comes once
+    every rollout finished or waits there (``hold_wait_s`` at most), so it finds them
+    mid-episode. ``failures`` (and ``ok``) say whether the run is correct; the summary's
+    ``demonstrated`` / ``not_demonstrated`` say what it showed (the crash, a rollout continued,
+    one resumed mid-episode) apart from that."""
     dep = GymDeployment(servers)
     failures: list[str] = []
     pauses: list[float] = []
@@ -207,6 +214,8 @@ def run_scenario(
     restored_turns: dict[str, int] = {}
     stale_probe: int | None = None
     timings: list[dict[str, float]] = []
+    unshown: dict[str, str] = {}  # why the run could not show what it set out to
+    killed = False
     try:
         dep.start_all()
         runner = _Runner(dep, rollouts, servers.seed, servers.store, task_extra)
@@ -218,15 +227,15 @@ def run_scenario(
         # warm-up, not counted in the pauses: the coordinator's first-use costs (store, archive
         # writer) are paid once per process, before any rollout runs
         runner.coordinator.checkpoint(deadline_s=60)
+        # each rollout's second and later model calls wait at the model's gate until the crash:
+        # rollouts stay mid-episode (after their first step) however fast or loaded the machine
+        dep.hold_model()
         for execution in dispatched:
             runner.dispatch(execution)
-        # the first checkpoint once the first replies are back: rollouts that go on then wait on
-        # their second model call, at boundary 1 (mid-game, not before their first step)
-        time.sleep(1.5 * servers.model_delay_s)
         end = time.monotonic() + deadline_s
+        _wait_first_steps(dep, runner, min(end, time.monotonic() + hold_wait_s))
         checkpoint_id = None
         while checkpoint_id is None and time.monotonic() < end and len(pauses) < max_checkpoints:
-            time.sleep(servers.model_delay_s / 2)
             runner.harvest()
             broken = runner.failed()
             if broken:
@@ -240,16 +249,26 @@ def run_scenario(
             plan = load_checkpoint(servers.store, outcome.checkpoint_id)
             if plan.counts().get(want, 0) >= 1:
                 checkpoint_id = outcome.checkpoint_id
+            else:
+                time.sleep(servers.model_delay_s / 2)  # the next checkpoint a little later
         if checkpoint_id is None:
-            failures.append(f"no checkpoint had a rollout to {want} (every rollout finished first)")
-        elif kill:
+            why = "every rollout finished first" if not runner.running() else "none before the deadline"
+            unshown["checkpoint"] = f"no checkpoint had a rollout to {want} ({why})"
+            dep.release_model()
+        elif not kill:
+            dep.release_model()
+        else:
             dep.kill(kill)
             dep.restart(kill)
             runner.harvest()
-            # abort what the crash left open, retire the live attempts, restore, resume
+            # abort what the crash left open, retire the live attempts, restore; the model's
+            # held calls of retired attempts are refused, restored ones go on after the resume
             restored = runner.coordinator.recover(
-                runner.running(), checkpoint_id=checkpoint_id, deadline_s=120
+                runner.running(), checkpoint_id=checkpoint_id, deadline_s=120, resume=False
             )
+            dep.release_model()
+            killed = True
+            runner.coordinator.resume(restored.restore_id, deadline_s=60)
             plan = restored.plan
             plan_counts = {k: int(v) for k, v in plan.counts().items()}
             stale_probe = _probe_stale(dep, plan)
@@ -274,6 +293,7 @@ def run_scenario(
         dep.stop()
     reference = reference_run(servers.seed, runner.seeds, servers.max_steps) if compare else None
     summary = _summarize(runner, reference, calls, plan_counts, pauses, kill, restored_turns, failures, want)
+    summary.update(_demonstrated(summary, kill, killed, want, unshown))
     summary["stale_attempt_status"] = stale_probe
     summary["checkpoint_timings_ms"] = timings
     return ScenarioResult(summary=summary, failures=failures)
@@ -369,11 +389,56 @@ def _summarize(
         "checkpoints": len(pauses),
         "killed": kill,
         "restored_turns": restored_turns,
+        # the turn each continued rollout resumed at (its restored boundary): 1 or later is mid-episode
+        "resumed_at_turns": dict(restored_turns),
     }
     if lost:
         failures.append(f"{lost} rollouts have no result")
     if repeated_models or repeated_tools:
         failures.append(f"repeated model calls {repeated_models}, tool calls {repeated_tools}")
-    if kill and not plan_counts.get(want):
-        failures.append(f"the restored checkpoint has no rollout to {want}")
     return summary
+
+
+def _wait_first_steps(dep: GymDeployment, runner: _Runner, until: float) -> None:
+    """Until every running rollout finished or waits at the model's gate (its second call held:
+    it is at boundary 1, mid-episode), a rollout failed, or ``until``."""
+    while time.monotonic() < until:
+        runner.harvest()
+        if runner.failed():
+            return
+        held = {(c["rollout_id"], c["attempt"]) for c in dep.held_calls()}
+        if all((e.rollout_id, e.attempt) in held for e in runner.running()):
+            return
+        time.sleep(0.05)
+
+
+def _demonstrated(
+    summary: dict[str, Any], kill: str | None, killed: bool, want: str, unshown: dict[str, str]
+) -> dict[str, Any]:
+    """What the run showed, apart from whether it was correct: the crash, a rollout restored as
+    ``want`` (continued, or dispatched afresh), and (when continuing) one resumed mid-episode."""
+    shown: dict[str, bool] = {}
+    why: dict[str, str] = {}
+
+    def note(feature: str, yes: bool, reason: str) -> None:
+        shown[feature] = yes
+        if not yes:
+            why[feature] = reason
+
+    no_checkpoint = unshown.get("checkpoint")
+    note("crash", killed, "no crash was asked for (--kill none)" if not kill else no_checkpoint or "")
+    restored = "the run restored no checkpoint" if not killed else ""
+    feature = "rollouts_continued" if want == "continue" else "rollouts_dispatched_afresh"
+    note(
+        feature,
+        bool(summary.get("continued" if want == "continue" else "fresh_dispatch")),
+        restored or no_checkpoint or f"the restored checkpoint had no rollout to {want}",
+    )
+    if want == "continue":
+        turns = summary.get("resumed_at_turns") or {}
+        note(
+            "resumed_mid_episode",
+            any(int(t) >= 1 for t in turns.values()),
+            restored or no_checkpoint or "every continued rollout resumed before its first step (turn 0)",
+        )
+    return {"demonstrated": shown, "not_demonstrated": why}
