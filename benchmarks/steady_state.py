@@ -38,6 +38,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -140,6 +141,30 @@ def _store_snapshot(store: ObjectStore) -> dict[str, int]:
     return {i.key: i.size for i in store.list("")}
 
 
+def _category(key: str) -> str:
+    """What a new object is, its ids generalised: ``agent: shards/``, ``published/``, ..."""
+    parts = key.split("/")
+    if parts[0] == "checkpoints" and len(parts) >= 3:
+        if parts[2] == "components" and len(parts) >= 6:
+            rest = parts[5:]
+            name = rest[0] if len(rest) == 1 else rest[0] + "/"
+            for stem in ("index-", "refs-"):
+                if name.startswith(stem):
+                    name = stem + "*.parquet"
+            return f"component {parts[3]}: {name}"
+        return f"checkpoint: {'/'.join(parts[2:])}"
+    return parts[0] + ("/" if len(parts) > 1 else "")
+
+
+def _by_category(new: dict[str, int]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for key, size in new.items():
+        row = out.setdefault(_category(key), [0, 0])
+        row[0] += 1
+        row[1] += size
+    return dict(sorted(out.items()))
+
+
 def _checkpoint(
     coordinator: Coordinator, store: ObjectStore, counting: CountingStore | None, memory: Memory, mode: str
 ) -> dict[str, Any]:
@@ -161,6 +186,7 @@ def _checkpoint(
         "published_s": published,
         "objects_new": len(new),
         "bytes_new": sum(new.values()),
+        "new_by_category": _by_category(new),  # category -> [objects, bytes]
         "rss": rss,
         "timings_ms": {k: round(v * 1000, 1) for k, v in outcome.timings.items()},
     }
@@ -314,27 +340,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes per server (http)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=26)
-    parser.add_argument("--store", default=None, help="local store folder (default: a new temporary one)")
+    parser.add_argument(
+        "--store", default=None, help="local store folder, kept (default: a new temporary one, removed after)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     base = (args.store or tempfile.mkdtemp(prefix="steady-state-")).rstrip("/")
     transports = ["inprocess", "http"] if args.transport == "both" else [args.transport]
-    results = []
-    for n in sorted(args.rollouts):
-        for transport in transports:
-            row = run(
-                transport, f"{base}/{transport}-n{n}", n, args.moved, args.runs, args.workers, args.seed
-            )
-            results.append(row)
-            if not args.json:
-                print(
-                    f"{transport:9} N={n:>7} moved={row['moved']}: pause sync {row['sync']['pause_s']:.3f}s "
-                    f"async {row['async']['pause_s']:.3f}s | new objects {row['sync']['objects_new']:.0f}, "
-                    f"{row['sync']['bytes_new'] / 1e6:.1f} MB ({row['bytes_new_over_first']:.2f} of the "
-                    f"first) | RSS peak/before {row['rss_peak_over_before']:.2f}"
-                    + (f" | goals {row['goals']}" if "goals" in row else ""),
-                    flush=True,
+    results: list[dict[str, Any]] = []
+    try:
+        for n in sorted(args.rollouts):
+            for transport in transports:
+                row = run(
+                    transport, f"{base}/{transport}-n{n}", n, args.moved, args.runs, args.workers, args.seed
                 )
+                results.append(row)
+                if not args.json:
+                    sync, asyn = row["sync"], row["async"]
+                    print(
+                        f"{transport:9} N={n:>7} moved={row['moved']}: pause sync {sync['pause_s']:.3f}s "
+                        f"async {asyn['pause_s']:.3f}s | new objects {sync['objects_new']:.0f}, "
+                        f"{sync['bytes_new'] / 1e6:.1f} MB ({row['bytes_new_over_first']:.2f} of the "
+                        f"first) | RSS peak/before {row['rss_peak_over_before']:.2f}"
+                        + (f" | goals {row['goals']}" if "goals" in row else ""),
+                        flush=True,
+                    )
+    finally:
+        if args.store is None:
+            shutil.rmtree(base, ignore_errors=True)
     summary = {
         "benchmark": "steady_state",
         "store": base,
