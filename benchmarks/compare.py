@@ -9,7 +9,9 @@ round (tree then base, then base then tree, ...), in fresh processes of this tre
 ``.venv`` python (``sys.executable``) with ``PYTHONPATH=<side>/src``: each side imports its own
 library, and both run this tree's benchmark scripts, so both take the same measurement. A
 script that needs something the base lacks fails on the base side only: its figures are
-reported as ``n/a`` for the base (with the error), not a crash.
+reported as ``n/a`` for the base (with the error), not a crash. For an older BASE,
+``--base-scripts`` runs the base's own copy of such a script instead (said in the output: the
+figure is then what that script measured, with the sizes given here).
 
 The headline figures, and which direction is better (``HEADLINES``; ``--list`` prints them):
 
@@ -256,11 +258,12 @@ def parse_json_output(stdout: str) -> dict[str, Any]:
 
 
 def run_side(
-    bench: Benchmark, src_tree: Path, quick: bool, timeout: float
+    bench: Benchmark, src_tree: Path, quick: bool, timeout: float, scripts: Path = HERE
 ) -> tuple[dict[str, float], str | None, float]:
-    """Run ``bench`` once with ``src_tree``'s library: (figures, error or None, seconds)."""
+    """Run ``bench`` once with ``src_tree``'s library and the script in ``scripts``:
+    (figures, error or None, seconds)."""
     env = {**os.environ, "PYTHONPATH": str(src_tree / "src")}
-    argv = [sys.executable, str(HERE / bench.script), *(bench.quick if quick else bench.full), "--json"]
+    argv = [sys.executable, str(scripts / bench.script), *(bench.quick if quick else bench.full), "--json"]
     started = time.perf_counter()
     try:
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -307,7 +310,10 @@ def compare(
     quick: bool,
     timeout: float,
     log: Callable[[str], None],
+    base_scripts: bool = False,
 ) -> tuple[dict[str, dict[str, dict[str, list[float]]]], dict[str, list[str]]]:
+    """Every benchmark on both sides, alternating. ``base_scripts``: where this tree's script
+    fails on the base, run the base's own copy of it instead (noted in the errors)."""
     results: dict[str, dict[str, dict[str, list[float]]]] = {
         b.name: {"new": {f.name: [] for f in b.figures}, "base": {f.name: [] for f in b.figures}}
         for b in benchmarks
@@ -320,6 +326,16 @@ def compare(
             for side in order:
                 figures, error, elapsed = run_side(bench, trees[side], quick, timeout)
                 log(f"round {r + 1}/{rounds} {bench.name:18} {side:4} {elapsed:6.1f} s {error or ''}")
+                own = base_tree / "benchmarks"
+                if error is not None and side == "base" and base_scripts and (own / bench.script).exists():
+                    errors.setdefault(f"{bench.name} (base)", []).append(
+                        f"{error}; ran the base's own script"
+                    )
+                    figures, error, elapsed = run_side(bench, base_tree, quick, timeout, scripts=own)
+                    log(
+                        f"round {r + 1}/{rounds} {bench.name:18} base (own script) "
+                        f"{elapsed:6.1f} s {error or ''}"
+                    )
                 if error is not None:
                     errors.setdefault(f"{bench.name} ({side})", []).append(error)
                 for name, value in figures.items():
@@ -338,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.10, help="flag a figure this much worse (0.10)")
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when a figure is flagged")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed for one benchmark run")
+    parser.add_argument(
+        "--base-scripts",
+        action="store_true",
+        help="where this tree's script fails on BASE, run BASE's own copy of it (for an old BASE; "
+        "the figure then measures what that script measured)",
+    )
     parser.add_argument("--list", action="store_true", help="print the headline figures and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
@@ -371,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     try:
         log(f"base {args.base} = {sha[:12]} in {base_path}; {rounds} rounds")
-        results, errors = compare(base_path, benchmarks, rounds, args.quick, args.timeout, log)
+        results, errors = compare(
+            base_path, benchmarks, rounds, args.quick, args.timeout, log, base_scripts=args.base_scripts
+        )
     finally:
         checkout.__exit__(None, None, None)
     rows = table_rows(results, benchmarks, args.threshold)
@@ -392,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         "nproc": os.cpu_count(),
         "rows": rows,
         "errors": errors,
+        "base_scripts": args.base_scripts,
         "raw": results,
     }
     print(

@@ -351,9 +351,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in sorted(args.rollouts):
             for transport in transports:
-                row = run(
-                    transport, f"{base}/{transport}-n{n}", n, args.moved, args.runs, args.workers, args.seed
-                )
+                try:
+                    row = run(
+                        transport,
+                        f"{base}/{transport}-n{n}",
+                        n,
+                        args.moved,
+                        args.runs,
+                        args.workers,
+                        args.seed,
+                    )
+                except Exception as exc:  # one size/transport failing keeps the others' figures
+                    print(f"{transport} N={n}: failed: {exc!r}", file=sys.stderr, flush=True)
+                    results.append({"transport": transport, "rollouts": n, "error": repr(exc)})
+                    continue
                 results.append(row)
                 if not args.json:
                     sync, asyn = row["sync"], row["async"]
@@ -379,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         print(json.dumps(summary))
-    return 0
+    return 1 if any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":
