@@ -33,7 +33,8 @@ table gives base, new, new/base and ``WORSE`` where the new figure is more than 
 (10%) worse in the bad direction (lower-is-better: new/base - 1; higher-is-better: base/new - 1).
 The exit status is 1 when a figure is flagged (``--no-fail``: 0), 2 on a usage error (an
 unknown revision), 0 otherwise. With ``--json`` the last line printed is one JSON object.
-``--quick`` takes about 4 minutes on 2 cores; the full run about 15. On a shared machine run it
+``--quick`` is meant to finish within 5 minutes on 2 quiet cores (measured: 8 minutes at a load average
+of 17-25); the full run takes several times longer. On a shared machine run it
 when the load is low (the load average is reported) and read one flag as a prompt to re-run.
 """
 
@@ -412,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "compare",
         "base": args.base,
         "base_sha": sha,
+        "base_worktree": str(base_path),
         "new_sha": head,
         "new_dirty": dirty,
         "quick": args.quick,

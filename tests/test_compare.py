@@ -147,5 +147,6 @@ def test_quick_run_of_one_benchmark_against_head() -> None:
     assert [r["figure"] for r in rows] == ["import", "--version", "list --json"]
     assert all(r["base"] > 0 and r["new"] > 0 and r["ratio"] is not None for r in rows)
     assert "new/base" in out.stdout  # the table
-    worktrees = _git("worktree", "list", "--porcelain")
-    assert "compare-base-" not in worktrees  # the base's checkout is gone
+    checkout = summary["base_worktree"]
+    assert "compare-base-" in checkout and not Path(checkout).exists()  # the base's checkout is gone
+    assert checkout not in _git("worktree", "list", "--porcelain")  # and unregistered
