@@ -116,7 +116,7 @@ def read(url: str, verify: bool) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     peak = _rss_kb("VmHWM")
     dispositions = Counter(p.disposition for p in plan.rollouts.values())
-    shards_read = sum(1 for k in store.keys_read if "/shards/" in k or k.endswith(".parquet"))
+    shards_read = sum(1 for k in store.keys_read if "/shards/" in k)  # payloads (and token rows)
     return {
         "seconds": seconds,
         "rollouts": len(plan.rollouts),
