@@ -33,8 +33,9 @@ table gives base, new, new/base and ``WORSE`` where the new figure is more than 
 (10%) worse in the bad direction (lower-is-better: new/base - 1; higher-is-better: base/new - 1).
 The exit status is 1 when a figure is flagged (``--no-fail``: 0), 2 on a usage error (an
 unknown revision), 0 otherwise. With ``--json`` the last line printed is one JSON object.
-``--quick`` is meant to finish within 5 minutes on 2 quiet cores (measured: 8 minutes at a load average
-of 17-25); the full run takes several times longer. On a shared machine run it
+``--quick`` finishes within 5 minutes on 2 cores (measured: 230 s at a load average of 19); the
+full run takes several times longer. Counts and memory ratios are exact; timings on a busy host
+swing by up to 2x with identical code (docs/benchmarks.md, "Calibration"). On a shared machine run it
 when the load is low (the load average is reported) and read one flag as a prompt to re-run.
 """
 
