@@ -68,11 +68,11 @@ def populate_model(model: PolicyModelParticipant, tokens: ObjectStoreTokenStore,
             )
 
 
-def _entry(rollout_id: str) -> TokenEntry:
+def _entry(rollout_id: str, call_id: str = "call-1") -> TokenEntry:
     return TokenEntry(
         rollout_id=rollout_id,
         attempt=0,
-        call_id="call-1",
+        call_id=call_id,
         prompt_token_ids=[1, 2, 3, 4],
         generation_token_ids=[5, 6],
         generation_log_probs=[-0.1, -0.2],
@@ -86,7 +86,50 @@ def populate_resources(resources: ResourcesParticipant, ids: Sequence[str]) -> N
         resources.mutate(_e(rollout_id), "env", lambda s: {"board": [1, 0, 0], "turn": 1})
 
 
-def _app(participant: object, populate: object) -> FastAPI:
+def advance_agent(agent: AgentParticipant, ids: Sequence[str], turn: int) -> None:
+    """Move every rollout in ``ids`` one turn on (to ``turn``): a new boundary with new state."""
+    for rollout_id in ids:
+        agent.start_turn(_e(rollout_id))
+        agent.boundary(
+            _e(rollout_id),
+            AgentBoundaryRecord(
+                rollout_id=rollout_id,
+                attempt=0,
+                boundary_index=turn,
+                turn_index=turn,
+                last_model_call_id=f"call-{turn}",
+                resource_revisions={"env": turn},
+                output_items=[{"role": "assistant", "content": f"move {turn}"}],
+                usage={"input_tokens": 4 * turn, "output_tokens": 2 * turn},
+                agent_state=os.urandom(STATE_BYTES),
+            ),
+        )
+
+
+def advance_model(
+    model: PolicyModelParticipant, tokens: ObjectStoreTokenStore, ids: Sequence[str], turn: int
+) -> None:
+    """One more staged model call (``call-TURN``) for every rollout in ``ids``."""
+    tokens.put_many([_entry(r, f"call-{turn}") for r in ids])
+    for rollout_id in ids:
+        with model.call(_e(rollout_id), f"call-{turn}", policy_version="v1") as call:
+            call.stage(
+                prompt_token_ids=[1, 2, 3, 4], generation_token_ids=[5, 6], generation_log_probs=[-0.1, -0.2]
+            )
+
+
+def advance_resources(resources: ResourcesParticipant, ids: Sequence[str], turn: int) -> None:
+    """One more revision of every session in ``ids``."""
+    for rollout_id in ids:
+        resources.mutate(_e(rollout_id), "env", lambda s, t=turn: {"board": [1, t, 0], "turn": t})
+
+
+class Advance(BaseModel):
+    rollout_ids: list[str]
+    turn: int
+
+
+def _app(participant: object, populate: object, advance: object = None) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
 
@@ -94,6 +137,11 @@ def _app(participant: object, populate: object) -> FastAPI:
     async def populate_route(rollout_id: str, body: Populate) -> dict[str, int]:
         await run_blocking(populate, body.rollout_ids)  # type: ignore[arg-type]
         return {"populated": len(body.rollout_ids)}
+
+    @app.post("/ng-rollout/{rollout_id}/bench/advance")
+    async def advance_route(rollout_id: str, body: Advance) -> dict[str, int]:
+        await run_blocking(advance, body.rollout_ids, body.turn)  # type: ignore[arg-type]
+        return {"advanced": len(body.rollout_ids)}
 
     return app
 
@@ -110,21 +158,40 @@ def warm_store(context: WorkerContext) -> None:
 def build_agent(context: WorkerContext) -> ServedApp:
     warm_store(context)
     agent = AgentParticipant("agent-0")
-    return ServedApp(app=_app(agent, lambda ids: populate_agent(agent, ids)), participant=agent)
+    return ServedApp(
+        app=_app(
+            agent,
+            lambda ids: populate_agent(agent, ids),
+            lambda ids, turn: advance_agent(agent, ids, turn),
+        ),
+        participant=agent,
+    )
 
 
 def build_model(context: WorkerContext) -> ServedApp:
     warm_store(context)
     tokens = ObjectStoreTokenStore(context.store)
     model = PolicyModelParticipant(tokens, "policy-0")
-    return ServedApp(app=_app(model, lambda ids: populate_model(model, tokens, ids)), participant=model)
+    return ServedApp(
+        app=_app(
+            model,
+            lambda ids: populate_model(model, tokens, ids),
+            lambda ids, turn: advance_model(model, tokens, ids, turn),
+        ),
+        participant=model,
+    )
 
 
 def build_resources(context: WorkerContext) -> ServedApp:
     warm_store(context)
     resources = ResourcesParticipant("resources-0", mode="exported")
     return ServedApp(
-        app=_app(resources, lambda ids: populate_resources(resources, ids)), participant=resources
+        app=_app(
+            resources,
+            lambda ids: populate_resources(resources, ids),
+            lambda ids, turn: advance_resources(resources, ids, turn),
+        ),
+        participant=resources,
     )
 
 

@@ -61,8 +61,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _servers(url: str, workers: int, env: dict[str, str]) -> Iterator[dict[str, str]]:
-    procs: list[subprocess.Popen[bytes]] = []
+def _servers(
+    url: str, workers: int, env: dict[str, str], procs: list[subprocess.Popen[bytes]] | None = None
+) -> Iterator[dict[str, str]]:
+    """Serve every kind on 127.0.0.1; ``procs`` (if given) receives the server processes."""
+    procs = [] if procs is None else procs
     urls: dict[str, str] = {}
     try:
         for kind in KINDS:
