@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 REQUIRE_ENV = "ROLLOUT_CHECKPOINT_REQUIRE_RAY"
+HERE = Path(__file__).parent
 TOKEN = "tok-ray-cluster-secret"
 LOOPBACK = "127.0.0.1"
 
@@ -53,6 +54,8 @@ def local_cluster(worker_nodes: int = 3) -> Iterator[Any]:
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keeps the node address on loopback
         "RAY_USAGE_STATS_ENABLED": "0",
         "ROLLOUT_CHECKPOINT_TOKEN": TOKEN,  # the nodes' environment: the hosts read it there
+        # the hosts import the tests' build functions (tests/_ray_build.py)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p),
     }
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
