@@ -60,6 +60,10 @@ def local_cluster(worker_nodes: int = 3) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
+        # Ray read the variable when first imported (another test module may have imported it)
+        from ray._private import ray_constants
+
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
         temp = str(home / "t" / "ray")
         os.makedirs(temp)
         cluster = Cluster(
