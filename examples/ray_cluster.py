@@ -83,6 +83,7 @@ def _driver(config_path: str) -> int:
     from rollout_checkpoint.integrations.ray import HostSpec, RayDeployment
     from rollout_checkpoint.reader import load_checkpoint
     from rollout_checkpoint.registry import LiveExecutionRegistry
+    from rollout_checkpoint.server import ParticipantUnreachableError
     from rollout_checkpoint.store import open_store
     from rollout_checkpoint.tokens import ObjectStoreTokenStore
 
@@ -142,11 +143,20 @@ def _driver(config_path: str) -> int:
             if response.status_code >= 300:
                 raise CheckpointError(f"{execution}: the agent refused the run: {response.text}")
 
-        def recover() -> None:
+        def recover(after_kill: bool = True) -> None:
             """After a kill: wait for the restarted actors, recover(), dispatch the plan."""
-            deployment.check(timeout_s=300)
+            end = time.monotonic() + 300
+            while after_kill and not deployment.check(timeout_s=300) and time.monotonic() < end:
+                time.sleep(0.2)  # the victim is not back yet (Ray restarts it)
             retired = list(running.values())
-            restored = coordinator.recover(retired, deadline_s=120)
+            while True:
+                try:
+                    restored = coordinator.recover(retired, deadline_s=120)
+                    break
+                except ParticipantUnreachableError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(1.0)  # Ray still settling the restarted actor ("temporarily unavailable")
             plan = restored.plan
             state["restores"].append(
                 {"checkpoint_id": plan.checkpoint_id, "restore_id": restored.restore_id, **plan.counts()}
@@ -162,7 +172,7 @@ def _driver(config_path: str) -> int:
                 dispatch(nxt)
 
         if config.get("restore"):  # a new driver: fresh actors, this run's latest checkpoint
-            recover()
+            recover(after_kill=False)
         else:
             for rollout_id, spec in rollouts.items():
                 execution = registry.dispatch(

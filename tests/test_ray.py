@@ -1,13 +1,15 @@
 """The Ray integration on a simulated cluster (``ray.cluster_utils.Cluster`` on 127.0.0.1): a
 silent restart of an actor never publishes over it and ``recover()`` continues; Ray's retry of a
 parked prepare onto the replacement is refused; typed errors arrive typed; a removed node's
-host restarts on a spare node. Plus :class:`RayParticipant` over a fake handle (no cluster)
-and the package importing without Ray.
+host restarts on a spare node; the mixin forwards control to an actor's servers; a worker-group
+host leaves no process and a free port when killed. Plus :class:`RayParticipant` over a fake
+handle (no cluster) and the package importing without Ray.
 
 One cluster for the module (one xdist group: ``--dist loadgroup``), shut down at the end."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from _procs import processes_mentioning
 from _ray import local_cluster, require_ray
 
 require_ray()
@@ -28,7 +31,12 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayTaskError  # noqa
 from rollout_checkpoint import CheckpointError, ParticipantRestartedError  # noqa: E402
 from rollout_checkpoint.coordinator import Coordinator  # noqa: E402
 from rollout_checkpoint.errors import DeadlineTooFarError, InvalidIdentifierError  # noqa: E402
-from rollout_checkpoint.integrations.ray import HostSpec, RayDeployment, RayParticipant  # noqa: E402
+from rollout_checkpoint.integrations.ray import (  # noqa: E402
+    CheckpointControlMixin,
+    HostSpec,
+    RayDeployment,
+    RayParticipant,
+)
 from rollout_checkpoint.protocol import Phase, PrepareReport  # noqa: E402
 from rollout_checkpoint.registry import LiveExecutionRegistry  # noqa: E402
 from rollout_checkpoint.server import ParticipantUnreachableError  # noqa: E402
@@ -228,3 +236,53 @@ def test_a_removed_nodes_host_restarts_on_a_spare_node_and_recover_continues(
             assert coordinator.checkpoint(deadline_s=30).checkpoint_id != first
         finally:
             cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # the spare again
+
+
+@ray.remote(max_concurrency=4)
+class _GymLike(CheckpointControlMixin):
+    """An existing actor (NeMo-RL's NemoGym shape) whose servers run elsewhere on its node."""
+
+    def __init__(self, servers: dict[str, str]) -> None:
+        self.servers = servers
+
+    def checkpoint_servers(self) -> dict[str, str]:
+        return self.servers
+
+
+def test_the_mixin_forwards_checkpoint_control_to_the_actors_servers(cluster: Any, store: str) -> None:
+    spec = HostSpec("agent-3", BUILD, settings={"RC_TEST_INSTANCE": "agent-3"})
+    with RayDeployment([spec], store=store, accept_unsafe_store=True) as deployment:
+        gym = _GymLike.remote({"agent": deployment.endpoints()["agent-3"]})  # type: ignore[attr-defined]
+        try:
+            deadline = time.time() + 60
+            prepared = ray.get(gym.checkpoint_prepare.remote("ckpt-mixin", deadline_ts=deadline), timeout=120)
+            assert prepared["ready"] is True
+            assert prepared["servers"]["agent"]["phase"] == "prepared"
+            incarnation = deployment.health()["agent-3"]["incarnation"]
+            assert prepared["incarnations"] == {"agent": incarnation}
+            committed = ray.get(
+                gym.checkpoint_commit.remote("ckpt-mixin", store, [], deadline_ts=deadline), timeout=120
+            )
+            assert committed["servers"]["agent"]["phase"] == "committed"
+            resumed = ray.get(gym.checkpoint_resume.remote("ckpt-mixin", deadline_ts=deadline), timeout=120)
+            assert resumed["servers"]["agent"]["phase"] == "idle"
+            with pytest.raises(RayTaskError) as refused:  # a typed refusal is the task error's cause
+                ray.get(gym.checkpoint_prepare.remote("../bad", deadline_ts=deadline), timeout=120)
+            assert isinstance(refused.value.cause, InvalidIdentifierError)
+        finally:
+            ray.kill(gym)
+
+
+def test_a_worker_group_host_serves_and_leaves_nothing_when_killed(cluster: Any, store: str) -> None:
+    spec = HostSpec("group-0", BUILD, workers=2, max_restarts=0, settings={"RC_TEST_INSTANCE": "g"})
+    with RayDeployment([spec], store=store, accept_unsafe_store=True) as deployment:
+        participant = deployment.participants()[0]
+        assert participant.status().workers == 2
+        url = deployment.endpoints()["group-0"]
+        port = int(url.rsplit(":", 1)[1])
+        assert processes_mentioning(store)  # the child group serves the store
+        ray.kill(deployment.handles["group-0"], no_restart=True)
+        _wait(lambda: not processes_mentioning(store), "the group's processes to exit", 60)
+        with socket.socket() as probe:  # the port is free for a replacement
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", port))
