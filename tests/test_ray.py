@@ -261,14 +261,18 @@ def test_the_mixin_forwards_checkpoint_control_to_the_actors_servers(cluster: An
             incarnation = deployment.health()["agent-3"]["incarnation"]
             assert prepared["incarnations"] == {"agent": incarnation}
             committed = ray.get(
-                gym.checkpoint_commit.remote("ckpt-mixin", store, [], deadline_ts=deadline), timeout=120
+                gym.checkpoint_commit.remote("ckpt-mixin", f"file://{store}", [], deadline_ts=deadline),
+                timeout=120,
             )
             assert committed["servers"]["agent"]["phase"] == "committed"
             resumed = ray.get(gym.checkpoint_resume.remote("ckpt-mixin", deadline_ts=deadline), timeout=120)
             assert resumed["servers"]["agent"]["phase"] == "idle"
+            ray.get(gym.checkpoint_prepare.remote("ckpt-held", deadline_ts=deadline), timeout=120)
             with pytest.raises(RayTaskError) as refused:  # a typed refusal is the task error's cause
-                ray.get(gym.checkpoint_prepare.remote("../bad", deadline_ts=deadline), timeout=120)
-            assert isinstance(refused.value.cause, InvalidIdentifierError)
+                ray.get(gym.checkpoint_prepare.remote("ckpt-other", deadline_ts=deadline), timeout=120)
+            assert isinstance(refused.value.cause, CheckpointError)
+            assert refused.value.cause.code == "checkpoint_conflict"
+            ray.get(gym.checkpoint_resume.remote("ckpt-held", deadline_ts=deadline), timeout=120)
         finally:
             ray.kill(gym)
 
