@@ -3,22 +3,25 @@
     python benchmarks/ray_pause.py [--rollouts 1000] [--runs 3] [--json]
 
 The same three participants (``_scale_servers.py``: agent, policy model, resources, each
-holding ``--rollouts`` parked rollouts) run twice: as plain ``run_server`` processes on
-127.0.0.1 driven by ``RemoteParticipant`` (the baseline), then as ``ParticipantHost`` actors on
-a simulated 3-node Ray cluster (one per node, STRICT_SPREAD; Ray's files in a temporary folder)
-driven by ``RayParticipant``. Each takes ``--runs`` checkpoints to a local store; reported: the
-pause (first prepare to last resume) p50 and max of each, and the ratio of the p50s (the goal:
-at most 1.2). With ``--json`` the last line printed is one JSON object.
+holding ``--rollouts`` parked rollouts) run twice, at the same time: as plain ``run_server``
+processes on 127.0.0.1 driven by ``RemoteParticipant`` (the baseline), and as
+``ParticipantHost`` actors on a simulated 3-node Ray cluster (one per node, STRICT_SPREAD; Ray's
+files in a temporary folder) driven by ``RayParticipant``. Their checkpoints alternate (so both
+see the same background load, the cluster's own included), ``--runs`` each, to two local
+stores; reported: the pause (first prepare to last resume) p50 and max of each, and the ratio of
+the p50s (the goal: at most 1.2). With ``--json`` the last line printed is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, median
-from demo_scale import CHUNK, KINDS, TOKEN, _registry, _servers, _timed
+from demo_scale import CHUNK, GAP_S, KINDS, TOKEN, _registry, _servers
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.protocol import ParticipantControl
 from rollout_checkpoint.server import RemoteParticipant
@@ -51,31 +54,20 @@ def _populate(urls: dict[str, str], ids: list[str]) -> None:
                 response.raise_for_status()
 
 
-def _measure(url: str, participants: list[ParticipantControl], ids: list[str], runs: int) -> dict[str, Any]:
+def _coordinator(url: str, participants: list[ParticipantControl], ids: list[str]) -> Coordinator:
     store = open_store(url)
-    coordinator = Coordinator(store, participants, _registry(ids), ObjectStoreTokenStore(store))
-    outcomes, _ = _timed(coordinator, runs)
-    assert all(o.clean for o in outcomes)
-    pauses = [o.pause_seconds * 1000 for o in outcomes]
+    return Coordinator(store, participants, _registry(ids), ObjectStoreTokenStore(store))
+
+
+def _summary(pauses: list[float]) -> dict[str, Any]:
     return {"pause_ms_p50": median(pauses), "pause_ms_max": max(pauses), "pauses_ms": pauses}
 
 
-def run_processes(url: str, ids: list[str], runs: int) -> dict[str, Any]:
-    with _servers(url, 1, {}) as urls:
-        _populate(urls, ids)
-        remotes = [RemoteParticipant(urls[k], token=TOKEN, brief_commits=True) for k in KINDS]
-        try:
-            return _measure(url, list(remotes), ids, runs)
-        finally:
-            for remote in remotes:
-                remote.close()
-
-
-def run_actors(url: str, ids: list[str], runs: int, work: Path) -> dict[str, Any]:
+@contextlib.contextmanager
+def _cluster(work: Path) -> Iterator[Any]:
+    """A head (no CPUs) and one node per participant on 127.0.0.1; Ray's files under ``work``."""
     import ray
     from ray.cluster_utils import Cluster
-
-    from rollout_checkpoint.integrations.ray import HostSpec, RayDeployment
 
     os.environ.update(
         {
@@ -93,13 +85,39 @@ def run_actors(url: str, ids: list[str], runs: int, work: Path) -> dict[str, Any
             cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
-        specs = [HostSpec(kind, f"_scale_servers:build_{kind}") for kind in KINDS]
-        with RayDeployment(specs, store=url, placement="STRICT_SPREAD") as deployment:
-            _populate(deployment.endpoints(), ids)
-            return _measure(url, list(deployment.participants()), ids, runs)
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def run(ids: list[str], runs: int, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both set-ups up at once (the same background load), their checkpoints alternating."""
+    from rollout_checkpoint.integrations.ray import HostSpec, RayDeployment
+
+    specs = [HostSpec(kind, f"_scale_servers:build_{kind}") for kind in KINDS]
+    plain_url, ray_url = str(work / "store-processes"), str(work / "store-actors")
+    with (
+        _cluster(work),
+        RayDeployment(specs, store=ray_url, placement="STRICT_SPREAD") as deployment,
+        _servers(plain_url, 1, {}) as urls,
+    ):
+        _populate(urls, ids)
+        _populate(deployment.endpoints(), ids)
+        remotes = [RemoteParticipant(urls[k], token=TOKEN, brief_commits=True) for k in KINDS]
+        plain = _coordinator(plain_url, list(remotes), ids)
+        actors = _coordinator(ray_url, list(deployment.participants()), ids)
+        pauses: dict[str, list[float]] = {"processes": [], "actors": []}
+        for index in range(runs):
+            if index:
+                time.sleep(GAP_S)
+            for name, coordinator in (("processes", plain), ("actors", actors)):
+                outcome = coordinator.checkpoint(deadline_s=600)
+                assert outcome.clean
+                pauses[name].append(outcome.pause_seconds * 1000)
+        for remote in remotes:
+            remote.close()
+    return _summary(pauses["processes"]), _summary(pauses["actors"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = [f"rollout-{i:07d}" for i in range(args.rollouts)]
     work = Path(tempfile.mkdtemp(prefix="rc-ray-bench-"))
     started = time.perf_counter()
-    processes = run_processes(str(work / "store-processes"), ids, args.runs)
-    actors = run_actors(str(work / "store-actors"), ids, args.runs, work)
+    processes, actors = run(ids, args.runs, work)
     ratio = actors["pause_ms_p50"] / processes["pause_ms_p50"]
     out = {
         "rollouts": args.rollouts,

@@ -9,6 +9,7 @@ One cluster for the module (one xdist group: ``--dist loadgroup``), shut down at
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -206,6 +207,7 @@ def test_typed_errors_cross_ray_and_a_dead_actor_is_unreachable(cluster: Any, st
         with pytest.raises(DeadlineTooFarError) as too_far:
             participant.prepare("ckpt-far", time.time() + 10**7)
         assert too_far.value.code == "deadline_too_far"
+        assert asyncio.run(participant.astatus()).incarnation == participant.status().incarnation
         ray.kill(deployment.handles["agent-2"])
         with pytest.raises(ParticipantUnreachableError) as gone:
             participant.status()
