@@ -375,11 +375,14 @@ def _run(args: argparse.Namespace, say: Any) -> tuple[dict[str, Any], int]:
     if args.kill != "none" and not restores:
         report.errors.append("no recovery ran (the run finished before the kill?)")
     out = {**report.to_json(), "kill": args.kill, **extra, "restarts": state.get("restarts", {})}
-    if report.ok:
+    if args.kill == "none":  # nothing restored: no generation can continue from a cut
+        out["failures"] = [f for f in out["failures"] if not f.startswith("no generation was continued")]
+        out["ok"] = not out["failures"]
+    if out["ok"]:
         shutil.rmtree(work, ignore_errors=True)
     else:
         out["workdir"] = str(work)
-    return out, 0 if report.ok else 1
+    return out, 0 if out["ok"] else 1
 
 
 def _kill(kind: str, envs: list[str], cluster: Any, driver: subprocess.Popen[bytes], control: Path) -> str:
