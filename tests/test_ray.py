@@ -2,7 +2,8 @@
 silent restart of an actor never publishes over it and ``recover()`` continues; Ray's retry of a
 parked prepare onto the replacement is refused; typed errors arrive typed; a removed node's
 host restarts on a spare node; the mixin forwards control to an actor's servers; a worker-group
-host leaves no process and a free port when killed. Plus :class:`RayParticipant` over a fake
+host leaves no process and a free port when killed; a killed driver's hosts die with it and a
+new driver restores into fresh ones. Plus :class:`RayParticipant` over a fake
 handle (no cluster) and the package importing without Ray.
 
 One cluster for the module (one xdist group: ``--dist loadgroup``), shut down at the end."""
@@ -252,8 +253,10 @@ class _GymLike(CheckpointControlMixin):
 
 
 def test_the_mixin_forwards_checkpoint_control_to_the_actors_servers(cluster: Any, store: str) -> None:
-    spec = HostSpec("agent-3", BUILD, settings={"RC_TEST_INSTANCE": "agent-3"})
+    node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+    spec = HostSpec("agent-3", BUILD, settings={"RC_TEST_INSTANCE": "agent-3"}, node_id=node)
     with RayDeployment([spec], store=store, accept_unsafe_store=True) as deployment:
+        assert deployment.health()["agent-3"]["node_id"] == node  # node affinity placed it
         gym = _GymLike.remote({"agent": deployment.endpoints()["agent-3"]})  # type: ignore[attr-defined]
         try:
             deadline = time.time() + 60
@@ -292,3 +295,56 @@ def test_a_worker_group_host_serves_and_leaves_nothing_when_killed(cluster: Any,
         with socket.socket() as probe:  # the port is free for a replacement
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(("127.0.0.1", port))
+
+
+_DRIVER = """
+import sys, time
+import ray
+from rollout_checkpoint.coordinator import Coordinator
+from rollout_checkpoint.integrations.ray import HostSpec, RayDeployment
+from rollout_checkpoint.registry import LiveExecutionRegistry
+address, store = sys.argv[1], sys.argv[2]
+ray.init(address=address, namespace="driver-kill", log_to_driver=False)
+deployment = RayDeployment([HostSpec("owned-0", "_ray_build:build")], store=store, accept_unsafe_store=True)
+deployment.start()
+coordinator = Coordinator(store, deployment.participants(), LiveExecutionRegistry(),
+                          accept_unsafe_store=True, run_id="driver-kill-run")
+print(coordinator.checkpoint(deadline_s=60).checkpoint_id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_drivers_hosts_die_with_it_and_a_new_driver_restores_into_fresh_ones(
+    cluster: Any, store: str
+) -> None:
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER, cluster.address, store], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert driver.stdout is not None
+        published = driver.stdout.readline().strip()
+        assert published.startswith("ckpt-"), published
+        ray.get_actor("rc-host-owned-0", namespace="driver-kill")  # the driver's host is up
+    finally:
+        driver.kill()  # SIGKILL: the job ends, its owned actors with it
+        driver.wait(30)
+
+    def gone() -> bool:
+        try:
+            ray.get_actor("rc-host-owned-0", namespace="driver-kill")
+        except ValueError:
+            return True
+        return False
+
+    _wait(gone, "the killed driver's host to die with it")
+    spec = HostSpec("owned-0", BUILD)
+    with RayDeployment([spec], store=store, namespace="driver-kill", accept_unsafe_store=True) as fresh:
+        coordinator = Coordinator(
+            store,
+            fresh.participants(),
+            LiveExecutionRegistry(),
+            accept_unsafe_store=True,
+            run_id="driver-kill-run",
+        )
+        assert coordinator.recover(deadline_s=60).source_checkpoint_id == published
+        assert coordinator.checkpoint(deadline_s=60).checkpoint_id != published
