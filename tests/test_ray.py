@@ -130,8 +130,11 @@ def test_the_sdk_and_the_ray_package_import_without_ray_and_say_how_to_install_i
 # -- on a cluster -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
+    """The one cluster of the Ray tests (they all live in this module, on one xdist worker):
+    module-scoped, so it is shut down and the environment it set (``HOME``, ``RAY_TMPDIR``, the
+    token) restored before that worker runs other tests."""
     with local_cluster(worker_nodes=3) as running:
         yield running
 
