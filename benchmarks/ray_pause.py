@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -129,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     ids = [f"rollout-{i:07d}" for i in range(args.rollouts)]
     work = Path(tempfile.mkdtemp(prefix="rc-ray-bench-"))
     started = time.perf_counter()
-    processes, actors = run(ids, args.runs, work)
+    try:
+        processes, actors = run(ids, args.runs, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     ratio = actors["pause_ms_p50"] / processes["pause_ms_p50"]
     out = {
         "rollouts": args.rollouts,

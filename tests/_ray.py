@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +86,4 @@ def local_cluster(worker_nodes: int = 3) -> Iterator[Any]:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             cluster.shutdown()
+            shutil.rmtree(home, ignore_errors=True)
