@@ -44,6 +44,29 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes] | None, timeout: fl
     raise RuntimeError("moto_server did not start listening in time")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep ``--dist loadgroup`` grouping on pytest 9: pytest-xdist (3.8) marks a test of an
+    ``xdist_group`` by suffixing its node id with ``@<group>`` through ``Item._nodeid``, which
+    pytest 9 no longer reads (the id lives in ``Item._id``), so the group's tests would spread
+    over the workers (the Ray tests would each start a cluster). Does the same through ``_id``;
+    a no-op where xdist's own suffix took effect or without ``--dist loadgroup``."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
+        )
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            from _pytest.nodeid import coerce_node_id  # pytest 9's node id type
+
+            item._id = coerce_node_id(item.nodeid + suffix)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_server_group_left() -> Iterator[None]:
     """A test that failed before its teardown leaves no ``serve`` process group behind (its

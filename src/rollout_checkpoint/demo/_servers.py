@@ -11,13 +11,18 @@ rollout on one worker. Settings come from the environment (inherited by worker p
 ``ROLLOUT_CHECKPOINT_DEMO_SEED``, ``..._TOKEN_DELAY``, ``..._CONCURRENCY``, ``..._DELIVERY``,
 ``..._ENV`` (the resources server's environment), ``..._MODEL_URL``, ``..._RESOURCES_URLS``
 (JSON ``{env: url}``) and ``..._TOKENS_URL`` (else the token store on the server's store).
+``..._RESOLVE`` (``package.module:function``, optional) maps a peer's name (``model`` or an
+environment's) to its URL when a rollout attempt starts, for peers that may move (Ray actors):
+the agent then never keeps a URL captured when it was built.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import httpx
@@ -113,6 +118,15 @@ def warm_store(context: WorkerContext) -> None:
     probe = getattr(context.store, "probe_conditional_writes", None)
     if callable(probe):
         probe()
+
+
+def _resolver(spec: str) -> Callable[[str], str] | None:
+    """The ``package.module:function`` that names a peer's URL now, if configured."""
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    function: Callable[[str], str] = getattr(importlib.import_module(module), name)
+    return function
 
 
 def build_model(context: WorkerContext) -> ServedApp:
@@ -269,9 +283,11 @@ def build_agent(context: WorkerContext) -> ServedApp:
     app = FastAPI(title="rollout-checkpoint reference agent")
     install_error_handlers(app)
 
+    resolve = _resolver(conf.get("resolve", ""))
+
     def loop(execution: ExecutionId, body: Run, restored: AgentBoundaryRecord | None) -> None:
-        model = _Remote(model_url, execution.rollout_id)
-        env = _Remote(resources_urls[body.env], execution.rollout_id)
+        model = _Remote(resolve("model") if resolve else model_url, execution.rollout_id)
+        env = _Remote(resolve(body.env) if resolve else resources_urls[body.env], execution.rollout_id)
         a = {"attempt": execution.attempt}
         try:
             if restored is None:
