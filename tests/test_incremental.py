@@ -548,3 +548,21 @@ def test_a_crash_at_every_gc_step_leaves_every_retained_checkpoint_verifying() -
         assert sorted(_published(store)) == ["ck-3", "ck-4"]
         for cid in _published(store):
             verify_checkpoint(store, cid)
+
+
+def test_stored_locations_are_the_stored_members_identities_and_locations() -> None:
+    """The catalog of the last commit is built from ``stored_locations`` (columns, no member
+    objects): the same identities and (shard, row group, row) as ``stored_members``, in order."""
+    store = _store()
+    dep = DemoDeployment(store)
+    dep.populate(30, prefix="p0")
+    ck0 = dep.checkpoint("ck-0").checkpoint_id
+    dep.close()
+    for ref in load_checkpoint(store, ck0).record.components:
+        reader = ArchiveReader.open(store, ref.prefix)
+        expected = [
+            ((m.kind, m.rollout_id, m.attempt, m.key), m.shard, m.row_group, m.row)
+            for m in reader.stored_members()
+        ]
+        assert expected
+        assert list(reader.stored_locations()) == expected

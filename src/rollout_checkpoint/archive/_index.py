@@ -428,6 +428,21 @@ class MemberIndex:
         row = {name: self.column(name)[position].as_py() for name in INDEX_SCHEMA.names}
         return _member(row)
 
+    def locations(self, batch_rows: int = 4096) -> Iterator[tuple[tuple[str, str, int, str], int, int, int]]:
+        """``((kind, rollout_id, attempt, key), shard, row_group, row)`` of every member, in write
+        order: the identity and location columns only, batch by batch, with no object per member
+        (``refs`` is neither decoded nor parsed)."""
+        self.load(*_LOOKUP_COLUMNS)
+        table = pa.Table.from_arrays(
+            [self.column(name) for name in _LOOKUP_COLUMNS], names=list(_LOOKUP_COLUMNS)
+        )
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            kinds, rollout_ids, attempts, keys, shards, row_groups, rows = (
+                col.to_pylist() for col in batch.columns
+            )
+            idents = zip(kinds, rollout_ids, attempts, keys, strict=True)
+            yield from zip(idents, shards, row_groups, rows, strict=True)
+
     def members(self, kind: str | None = None, batch_rows: int = 4096) -> Iterator[MemberRef]:
         table = self.table
         if kind is not None:

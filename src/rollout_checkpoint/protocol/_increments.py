@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
-from ..archive._schema import encode_refs
+from ..archive._bulk import encode_refs
 from ..errors import ObjectNotFoundError
 from ..format import layout
 from ..format.records import Record
@@ -162,13 +162,13 @@ class BaseCatalog:
         reader = RawArchiveReader.open(store, prefix)
         members = plan.references()
         manifest = reader.manifest_ref
-        for m in reader.stored_members():
-            ident = (m.kind, m.rollout_id, m.attempt, m.key)
-            written = plan.written.get(ident)
+        written_members = plan.written
+        for ident, shard, row_group, row in reader.stored_locations():
+            written = written_members.get(ident)
             if written is None:
                 continue  # not from this export (cannot happen): never referred to
             payload, revision, refs = written
-            members[ident] = _Stored(payload, revision, refs, prefix, manifest, m.shard, m.row_group, m.row)
+            members[ident] = _Stored(payload, revision, refs, prefix, manifest, shard, row_group, row)
         with self._lock:
             self._checkpoint_id, self._members = checkpoint_id, members
 
