@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
-from ..archive._bulk import encode_refs
+from ..archive._bulk import encode_refs, encode_refs_column
 from ..errors import ObjectNotFoundError
 from ..format import layout
 from ..format.records import Record
@@ -74,7 +74,7 @@ class IncrementalPlan:
             (kind, r, a, k) for r, a, k in zip(batch.rollout_ids, batch.attempts, batch.keys, strict=True)
         ]
         revisions: Sequence[int | None] = [None] * n if batch.revisions is None else batch.revisions
-        refs: list[str | None] = [None] * n if batch.refs is None else [encode_refs(r) for r in batch.refs]
+        refs: list[str | None] = [None] * n if batch.refs is None else encode_refs_column(batch.refs)
         payloads = batch.payloads
         if self._catalog is None:  # a full commit: every member is written (one C-level update)
             self.written.update(zip(idents, zip(payloads, revisions, refs, strict=True), strict=True))
