@@ -386,3 +386,23 @@ def test_packed_payloads_keep_each_payload_and_slice_without_copies() -> None:
     assert [payloads[i] for i in range(20)] == [orjson.dumps(r) for r in records]
     assert payloads[3:6] == [orjson.dumps(r) for r in records[3:6]]
     assert payloads.arrow(5, 9).to_pylist() == [orjson.dumps(r) for r in records[5:9]]
+
+
+def test_a_refs_column_encodes_a_shared_object_once_and_each_object_as_itself() -> None:
+    from rollout_checkpoint.archive import _bulk
+
+    shared = {"state": "dispatched", "restart_only": False}
+    column = [shared, None, {"b": 1, "a": [True]}, shared, {"state": "dispatched", "restart_only": 0}]
+    calls: list[object] = []
+    real = _bulk.encode_refs
+
+    def spy(refs: object) -> object:
+        calls.append(refs)
+        return real(refs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_bulk, "encode_refs", spy)
+        out = _bulk.encode_refs_column(column)
+    assert out == [real(r) for r in column]
+    assert out[4] == '{"restart_only":0,"state":"dispatched"}' != out[0]  # equal dicts, other JSON
+    assert sum(1 for c in calls if c is shared) == 1

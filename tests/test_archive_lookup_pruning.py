@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,3 +111,49 @@ def test_pruned_lookups_agree_with_the_records(ids: list[str], sort: bool, probe
         if missing not in counters:
             with pytest.raises(MemberNotFoundError):
                 ArchiveReader.open(store, PREFIX).get_raw("boundary", missing, 0, "t0")
+
+
+def test_a_cold_lookup_imports_neither_pandas_nor_pyarrow_parquet_nor_the_compute_wrappers(
+    tmp_path: Path,
+) -> None:
+    """A lookup's Arrow scalars and arrays are built from bytes and its Parquet reads go through
+    ``pyarrow._parquet``: no ``pa.scalar`` / ``pa.array`` of a Python value (which imports pandas
+    when it is installed, as beside NeMo Gym), no ``pyarrow.parquet`` (and its filesystem
+    bindings), no ``pyarrow.compute`` wrappers; the record found is the one written."""
+    from rollout_checkpoint.store import LocalStore
+
+    writer = ArchiveWriter(
+        LocalStore(str(tmp_path)),
+        "p",
+        checkpoint_id="c",
+        participant_kind="agent",
+        instance="a0",
+        row_group_rows=16,
+    )
+    records = [{"rollout_id": f"r{i:03d}", "attempt": 0, "n": i} for i in range(100)]
+    writer.write_records("boundary", records, key=lambda r: "k")
+    writer.commit()
+    code = (
+        "import sys, json\n"
+        "from rollout_checkpoint.format import ArchiveReader\n"
+        "from rollout_checkpoint.store import LocalStore\n"
+        "heavy = ['pandas', 'pyarrow.parquet', 'pyarrow.fs', 'pyarrow.compute']\n"
+        "before = sorted(m for m in heavy if m in sys.modules)\n"
+        f"raw = ArchiveReader.open(LocalStore({str(tmp_path)!r}), 'p').get_raw('boundary', 'r042', 0, 'k')\n"
+        "print(json.loads(raw.payload)['n'])\n"
+        "print(before, sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.splitlines()
+    assert out == ["42", "[] []"]
+
+
+def test_lookup_scalars_equal_pyarrows() -> None:
+    import pyarrow as pa
+
+    for value in ("", "r-00042", "é✓", 0, -1, 7, (1 << 63) - 1, -(1 << 63)):
+        assert _index.scalar(value).equals(
+            pa.scalar(value, pa.string() if isinstance(value, str) else pa.int64())
+        )
+    assert _index.int64_array([3, 0, -2]).equals(pa.array([3, 0, -2], pa.int64()))

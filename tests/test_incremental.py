@@ -548,3 +548,60 @@ def test_a_crash_at_every_gc_step_leaves_every_retained_checkpoint_verifying() -
         assert sorted(_published(store)) == ["ck-3", "ck-4"]
         for cid in _published(store):
             verify_checkpoint(store, cid)
+
+
+def test_stored_locations_are_the_stored_members_identities_and_locations() -> None:
+    """The catalog of the last commit is built from ``stored_locations`` (columns, no member
+    objects): the same identities and (shard, row group, row) as ``stored_members``, in order."""
+    store = _store()
+    dep = DemoDeployment(store)
+    dep.populate(30, prefix="p0")
+    ck0 = dep.checkpoint("ck-0").checkpoint_id
+    dep.close()
+    for ref in load_checkpoint(store, ck0).record.components:
+        reader = ArchiveReader.open(store, ref.prefix)
+        expected = [
+            ((m.kind, m.rollout_id, m.attempt, m.key), m.shard, m.row_group, m.row)
+            for m in reader.stored_members()
+        ]
+        assert expected
+        assert list(reader.stored_locations()) == expected
+
+
+def test_a_reported_boundary_is_sealed_when_reported_and_a_commit_seals_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Format 2 seals a run's new history into its chunk when the boundary is reported (outside
+    any pause); a commit of a run that did not move since seals nothing, and what it writes is
+    the same history, chunk after chunk."""
+    from rollout_checkpoint.participants import agent as agent_module
+
+    store = _store()
+    run = Run(store, 3)
+    run.step()
+    run.coordinator.checkpoint("ck-1")
+    run.step()
+    run.step()  # two reports since ck-1: the second one's sealing is the one kept
+    sealed: list[str] = []
+    real = agent_module.seal_chunks
+
+    def spy(saved: Any, chunks: Any, max_chunks: int) -> Any:
+        out = real(saved, chunks, max_chunks)
+        if out is not chunks:  # a new chunk was sealed (not: nothing new to seal)
+            sealed.append(saved.rollout_id)
+        return out
+
+    monkeypatch.setattr(agent_module, "seal_chunks", spy)
+    run.coordinator.checkpoint("ck-2")
+    assert sealed == []
+    run.step(only=[run.executions[0]])  # sealed on report, on top of the chunks ck-2 holds
+    assert sealed == ["r0"]
+    run.coordinator.checkpoint("ck-3")
+    assert sealed == ["r0"]
+    for cid, turn in (("ck-2", 3), ("ck-3", 4)):
+        reader = ArchiveReader.open(store, layout.component_prefix(cid, "agent", "agent-0"))
+        boundaries = {b.rollout_id: b for b in component_records(reader)}
+        assert boundaries["r0"] == _boundary(run.executions[0], turn, turn)
+        assert boundaries["r1"] == _boundary(run.executions[1], 3, 3)
+    verify_checkpoint(store, "ck-3")
+    run.close()

@@ -171,3 +171,15 @@ def test_install_is_validated_before_replacing() -> None:
     assert "keep" not in reg and reg.get("a").attempt == 3
     with pytest.raises(StaleAttemptError):
         reg.start(ExecutionId(rollout_id="a", attempt=2))
+
+
+def test_a_registry_entry_clone_copies_every_slot() -> None:
+    """``_Entry.clone`` (the asynchronous snapshot, inside the pause) copies field by field: a slot
+    added later must be copied too."""
+    from rollout_checkpoint.registry._entries import _Entry
+
+    entry = _Entry("r-1", 2, "dispatched", "digest-1", False)
+    twin = entry.clone()
+    assert twin is not entry
+    for name in _Entry.__slots__:
+        assert getattr(twin, name) is getattr(entry, name), name

@@ -32,6 +32,7 @@ __all__ = [
     "duplicate_error",
     "encode_records",
     "encode_refs",
+    "encode_refs_column",
 ]
 
 MAX_MEMBER_KEY = 1024
@@ -49,6 +50,24 @@ def encode_refs(refs: Any) -> str | None:
         # what orjson refuses (integers beyond 64 bits, non-string keys) json still writes
         return json.dumps(refs, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
+
+def encode_refs_column(refs: Sequence[Any]) -> list[str | None]:
+    """``encode_refs`` of every item; an object that recurs in the column (the registry's members
+    share one refs dict per state) is encoded once. Keyed by identity while every object is held
+    alive, so two objects are never mistaken for one (equal ones may still differ in type)."""
+    items = list(refs)  # every object stays alive (and its id its own) until the end
+    out: list[str | None] = []
+    seen: dict[int, str | None] = {}
+    for r in items:
+        key = id(r)
+        encoded = seen.get(key, _MISSING)
+        if encoded is _MISSING:
+            encoded = seen[key] = encode_refs(r)
+        out.append(encoded)
+    return out
+
+
+_MISSING: Any = object()
 
 _MAX_BINARY = (1 << 31) - 1
 """Largest total of one ``pa.binary()`` array (32-bit offsets)."""
@@ -168,7 +187,7 @@ def check_batch(
         if not all(r is None or type(r) is int for r in revision_list):
             bad_revision = next(r for r in revision_list if r is not None and type(r) is not int)
             raise InvalidRecordError(f"revision must be an int or None, got {bad_revision!r}")
-    refs_list: list[str | None] = [None] * n if refs is None else [encode_refs(r) for r in refs]
+    refs_list: list[str | None] = [None] * n if refs is None else encode_refs_column(refs)
     rid_list = list(rollout_ids)
     hashes = list(map(hash, zip(repeat(kind), rid_list, attempt_list, key_list)))
     if len(set(hashes)) != n:

@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import struct
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
@@ -256,6 +257,28 @@ def compute(name: str, *args: Any, options: Any = None) -> Any:
     return call_function(name, list(args), options)
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def scalar(value: str | int) -> pa.Scalar:
+    """An Arrow ``string`` / ``int64`` scalar of ``value``, built from its bytes.
+
+    ``pa.scalar`` (and a compute kernel given a Python value) converts through code that first
+    asks whether the value is a pandas object, which imports pandas when it is installed: about
+    70 ms, once per process, that a cold lookup of one member would otherwise pay."""
+    if isinstance(value, str):
+        data = value.encode()
+        offsets = pa.py_buffer(struct.pack("<ii", 0, len(data)))
+        return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])[0]
+    return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(struct.pack("<q", value))])[0]
+
+
+def int64_array(values: list[int]) -> pa.Array:
+    """An Arrow ``int64`` array of ``values`` built from their bytes (see :func:`scalar`: ``pa.array``
+    of a Python list imports pandas too)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(array("q", values))])
+
+
 class MemberIndex:
     """Reader side: the parsed index of one archive (built from digest-checked bytes).
 
@@ -353,7 +376,7 @@ class MemberIndex:
         """Shards that hold at least one member of ``kind`` (all shards that hold any when None)."""
         col = self.column("shard")
         if kind is not None:
-            col = compute("filter", col, compute("equal", self.column("kind"), pa.scalar(kind)))
+            col = compute("filter", col, compute("equal", self.column("kind"), scalar(kind)))
         return {int(v) for v in compute("unique", col).to_pylist()}
 
     def position(self, kind: str, rollout_id: str, attempt: int, key: str) -> int | None:
@@ -428,10 +451,25 @@ class MemberIndex:
         row = {name: self.column(name)[position].as_py() for name in INDEX_SCHEMA.names}
         return _member(row)
 
+    def locations(self, batch_rows: int = 4096) -> Iterator[tuple[tuple[str, str, int, str], int, int, int]]:
+        """``((kind, rollout_id, attempt, key), shard, row_group, row)`` of every member, in write
+        order: the identity and location columns only, batch by batch, with no object per member
+        (``refs`` is neither decoded nor parsed)."""
+        self.load(*_LOOKUP_COLUMNS)
+        table = pa.Table.from_arrays(
+            [self.column(name) for name in _LOOKUP_COLUMNS], names=list(_LOOKUP_COLUMNS)
+        )
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            kinds, rollout_ids, attempts, keys, shards, row_groups, rows = (
+                col.to_pylist() for col in batch.columns
+            )
+            idents = zip(kinds, rollout_ids, attempts, keys, strict=True)
+            yield from zip(idents, shards, row_groups, rows, strict=True)
+
     def members(self, kind: str | None = None, batch_rows: int = 4096) -> Iterator[MemberRef]:
         table = self.table
         if kind is not None:
-            table = compute("filter", table, compute("equal", table["kind"], pa.scalar(kind)))
+            table = compute("filter", table, compute("equal", table["kind"], scalar(kind)))
         for batch in table.to_batches(max_chunksize=batch_rows):
             for row in batch.to_pylist():
                 yield _member(row)
@@ -442,9 +480,11 @@ def _first_match(
 ) -> int | None:
     """Row of the first member with this identity, scanning the identity columns in Arrow
     (``column(name)`` gives one); None when there is none."""
-    mask = compute("equal", column("rollout_id"), pa.scalar(rollout_id))
+    if not _INT64_MIN <= attempt <= _INT64_MAX:
+        return None  # no member has it (the column is int64)
+    mask = compute("equal", column("rollout_id"), scalar(rollout_id))
     for name, value in (("key", key), ("attempt", attempt), ("kind", kind)):
-        mask = compute("and", mask, compute("equal", column(name), pa.scalar(value)))
+        mask = compute("and", mask, compute("equal", column(name), scalar(value)))
     rows = compute("indices_nonzero", mask)
     return int(rows[0].as_py()) if len(rows) else None
 

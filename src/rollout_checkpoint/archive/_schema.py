@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 
@@ -27,7 +26,6 @@ __all__ = [
     "SHARD_FORMAT_VERSION",
     "SHARD_META_KEY",
     "SHARD_SCHEMA",
-    "encode_refs",
     "footer_meta_key",
     "index_name",
     "join_key",
@@ -110,13 +108,6 @@ def index_name(writer_id: str) -> str:
 def join_key(prefix: str, name: str) -> str:
     """``prefix/name``, or ``name`` for an archive at the store root."""
     return f"{prefix}/{name}" if prefix else name
-
-
-def encode_refs(refs: Any) -> str | None:
-    """Compact, key-sorted JSON of ``Record.index_refs()`` (stable bytes for equal refs)."""
-    if refs is None:
-        return None
-    return json.dumps(refs, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
 def utc_now_iso() -> str:

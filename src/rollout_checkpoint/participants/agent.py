@@ -46,6 +46,9 @@ class _AgentRun:
     calls_since_boundary: int = 0
     chunks: tuple[Chunk, ...] = ()  # format 2: sealed chunks of a prefix of saved.items
     chunked: tuple[SavedBoundary, tuple[Chunk, ...], str | None, bytes] | None = None  # last payload
+    sealed: tuple[SavedBoundary, tuple[Chunk, ...], tuple[Chunk, ...]] | None = None
+    """Format 2: ``(saved, chunks, seal_chunks(saved, chunks))`` computed when ``saved`` was
+    reported, so that a commit of an unchanged run seals nothing inside the pause."""
 
     @property
     def boundary(self) -> AgentBoundaryRecord | None:
@@ -194,6 +197,11 @@ class AgentParticipant(Participant):
         known = self._runs.get(execution)  # only to share unchanged item bytes; checked below
         # encoded once, here, not inside a checkpoint's pause
         saved = SavedBoundary.of(record, None if known is None else known.saved)
+        sealed = None
+        if self.incremental_commits:  # format 2: the chunks a commit would seal, sealed here
+            base = () if known is None else known.chunks
+            sealed = (saved, base, seal_chunks(saved, base, self.max_chunks))
+            payload = saved.chunked_payload(sealed[2], None)
         with self._cond:
             self._require_live(execution)
             run = self._run(execution)
@@ -210,6 +218,11 @@ class AgentParticipant(Participant):
             ):
                 run.chunks = ()  # the history was rewritten, not extended: chunk it afresh
             run.saved = saved
+            # kept only if sealed on top of the chunks the run holds (a commit or a rewrite of
+            # the history since then changed them: the commit seals afresh)
+            run.sealed = sealed if sealed is not None and sealed[1] is run.chunks else None
+            if run.sealed is not None:
+                run.chunked = (saved, run.sealed[2], None, payload)
             run.running = False
             run.calls_since_boundary = 0
             self._mark(execution)
@@ -301,7 +314,12 @@ class AgentParticipant(Participant):
         so the commit refers to the earlier copy without comparing bytes)."""
         saved = run.saved
         assert saved is not None
-        run.chunks = seal_chunks(saved, run.chunks, self.max_chunks)
+        sealed = run.sealed
+        if sealed is not None and sealed[0] is saved and sealed[1] is run.chunks:
+            run.chunks = sealed[2]  # sealed when the boundary was reported
+        else:
+            run.chunks = seal_chunks(saved, run.chunks, self.max_chunks)
+        run.sealed = None
         cached = run.chunked
         if (
             cached is not None

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
-from ..archive._schema import encode_refs
+from ..archive._bulk import encode_refs, encode_refs_column
 from ..errors import ObjectNotFoundError
 from ..format import layout
 from ..format.records import Record
@@ -31,23 +30,30 @@ __all__ = ["BaseCatalog", "IncrementalPlan"]
 Identity = tuple[str, str, int, str]
 
 
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    payload: bytes
-    revision: int | None
-    refs: str | None
-    prefix: str  # the archive that stores the row
-    manifest: ManifestRef
-    shard: int
-    row_group: int
-    row: int
+_Stored = tuple[bytes, int | None, str | None, int, int, int, int]
+"""One catalogued member: ``(payload, revision, refs, base, shard, row_group, row)``, ``base``
+the position in the catalog's ``bases`` of the archive that stores the row. A tuple of atoms, so
+Python's garbage collector stops tracking it: a catalog of tens of thousands of members adds
+nothing to every later collection's work (an object per member did, inside the pause)."""
+
+_PAYLOAD: Final = 0
+_REVISION: Final = 1
+_REFS: Final = 2
+_BASE: Final = 3
+_SHARD: Final = 4
+_ROW_GROUP: Final = 5
+_ROW: Final = 6
+
+Base = tuple[str, ManifestRef]
+"""An archive the catalog's rows are stored in: its prefix and manifest."""
 
 
 class IncrementalPlan:
     """One commit's split of an export into members to write and members to refer to."""
 
-    def __init__(self, catalog: Mapping[Identity, _Stored] | None) -> None:
+    def __init__(self, catalog: Mapping[Identity, _Stored] | None, bases: Sequence[Base] = ()) -> None:
         self._catalog = catalog
+        self._bases = bases
         # referred-to members as two parallel lists (no object per member: a plan of a long run
         # refers to tens of thousands of them, inside the checkpoint's pause)
         self._ref_idents: list[Identity] = []
@@ -56,22 +62,25 @@ class IncrementalPlan:
 
     def _unchanged(self, ident: Identity, payload: bytes, revision: int | None, refs: str | None) -> bool:
         stored = None if self._catalog is None else self._catalog.get(ident)
-        if stored is None or stored.revision != revision or stored.refs != refs:
+        if stored is None or stored[_REVISION] != revision or stored[_REFS] != refs:
             return False
-        return stored.payload is payload or stored.payload == payload
+        return stored[_PAYLOAD] is payload or stored[_PAYLOAD] == payload
 
     def split_batch(self, batch: RecordBatch) -> RecordBatch | None:
         """The part of ``batch`` to write (``None`` when every member is unchanged)."""
-        keep: list[int] = []
-        for i in range(len(batch)):
-            ident = (batch.kind, batch.rollout_ids[i], batch.attempts[i], batch.keys[i])
-            revision = None if batch.revisions is None else batch.revisions[i]
-            refs = None if batch.refs is None else encode_refs(batch.refs[i])
-            payload = batch.payloads[i]
-            if self._refer(ident, payload, revision, refs):
-                continue
-            keep.append(i)
-        if len(keep) == len(batch):
+        n = len(batch)
+        kind = batch.kind
+        idents = [
+            (kind, r, a, k) for r, a, k in zip(batch.rollout_ids, batch.attempts, batch.keys, strict=True)
+        ]
+        revisions: Sequence[int | None] = [None] * n if batch.revisions is None else batch.revisions
+        refs: list[str | None] = [None] * n if batch.refs is None else encode_refs_column(batch.refs)
+        payloads = batch.payloads
+        if self._catalog is None:  # a full commit: every member is written (one C-level update)
+            self.written.update(zip(idents, zip(payloads, revisions, refs, strict=True), strict=True))
+            return batch
+        keep = [i for i in range(n) if not self._refer(idents[i], payloads[i], revisions[i], refs[i])]
+        if len(keep) == n:
             return batch
         if not keep:
             return None
@@ -84,7 +93,7 @@ class IncrementalPlan:
             rollout_ids=tuple(batch.rollout_ids[i] for i in keep),
             attempts=tuple(batch.attempts[i] for i in keep),
             keys=tuple(batch.keys[i] for i in keep),
-            payloads=tuple(batch.payloads[i] for i in keep),
+            payloads=tuple(payloads[i] for i in keep),
             revisions=pick(batch.revisions),
             refs=pick(batch.refs),
             schema_version=batch.schema_version,
@@ -110,31 +119,39 @@ class IncrementalPlan:
         """Hand the references to ``writer`` (version 2) when the catalog was usable."""
         if self._catalog is None:
             return
-        bases: dict[str, int] = {}
-        refs: dict[str, ManifestRef] = {}
+        positions: dict[int, int] = {}  # catalog base -> position in this archive's bases
         stored = self._ref_stored
         for s in stored:
-            if s.prefix not in bases:
-                bases[s.prefix] = len(bases)
-                refs[s.prefix] = s.manifest
+            if s[_BASE] not in positions:
+                positions[s[_BASE]] = len(positions)
         idents = self._ref_idents
         columns: list[list[Any]] = [
             [i[0] for i in idents],
             [i[1] for i in idents],
             [i[2] for i in idents],
             [i[3] for i in idents],
-            [s.revision for s in stored],
-            [s.refs for s in stored],
-            [bases[s.prefix] for s in stored],
-            [s.shard for s in stored],
-            [s.row_group for s in stored],
-            [s.row for s in stored],
+            [s[_REVISION] for s in stored],
+            [s[_REFS] for s in stored],
+            [positions[s[_BASE]] for s in stored],
+            [s[_SHARD] for s in stored],
+            [s[_ROW_GROUP] for s in stored],
+            [s[_ROW] for s in stored],
         ]
-        writer.refer([(prefix, refs[prefix]) for prefix in bases], columns)
+        writer.refer([self._bases[b] for b in positions], columns)
 
-    def references(self) -> dict[Identity, _Stored]:
-        """The referred-to members and where they are stored."""
-        return dict(zip(self._ref_idents, self._ref_stored, strict=True))
+    def references(self) -> tuple[dict[Identity, _Stored], list[Base]]:
+        """The referred-to members and the archives that store them (their ``base`` renumbered
+        into the returned list)."""
+        renumber: dict[int, int] = {}
+        bases: list[Base] = []
+        members: dict[Identity, _Stored] = {}
+        for ident, s in zip(self._ref_idents, self._ref_stored, strict=True):
+            b = renumber.get(s[_BASE])
+            if b is None:
+                b = renumber[s[_BASE]] = len(bases)
+                bases.append(self._bases[s[_BASE]])
+            members[ident] = s if b == s[_BASE] else (s[0], s[1], s[2], b, s[4], s[5], s[6])
+        return members, bases
 
 
 class BaseCatalog:
@@ -147,35 +164,37 @@ class BaseCatalog:
         self._lock = threading.Lock()
         self._checkpoint_id: str | None = None
         self._members: dict[Identity, _Stored] = {}
+        self._bases: list[Base] = []
 
     def plan(self, store: ObjectStore) -> IncrementalPlan:
         """A plan against the catalog if its checkpoint is published in ``store``, else a full one."""
         with self._lock:
-            cid, members = self._checkpoint_id, self._members
+            cid, members, bases = self._checkpoint_id, self._members, self._bases
         if not self.enabled or cid is None or not _published(store, cid):
             return IncrementalPlan(None)
-        return IncrementalPlan(members)
+        return IncrementalPlan(members, bases)
 
     def committed(self, store: ObjectStore, prefix: str, checkpoint_id: str, plan: IncrementalPlan) -> None:
         """Remember the archive just committed at ``prefix``: locations of the rows it stores come
         from its own (digest-checked) member index, the referenced ones carry over."""
         reader = RawArchiveReader.open(store, prefix)
-        members = plan.references()
-        manifest = reader.manifest_ref
-        for m in reader.stored_members():
-            ident = (m.kind, m.rollout_id, m.attempt, m.key)
-            written = plan.written.get(ident)
+        members, bases = plan.references()
+        here = len(bases)
+        bases.append((prefix, reader.manifest_ref))
+        written_members = plan.written
+        for ident, shard, row_group, row in reader.stored_locations():
+            written = written_members.get(ident)
             if written is None:
                 continue  # not from this export (cannot happen): never referred to
             payload, revision, refs = written
-            members[ident] = _Stored(payload, revision, refs, prefix, manifest, m.shard, m.row_group, m.row)
+            members[ident] = (payload, revision, refs, here, shard, row_group, row)
         with self._lock:
-            self._checkpoint_id, self._members = checkpoint_id, members
+            self._checkpoint_id, self._members, self._bases = checkpoint_id, members, bases
 
     def forget(self) -> None:
         """Drop the catalog (the next commit writes everything)."""
         with self._lock:
-            self._checkpoint_id, self._members = None, {}
+            self._checkpoint_id, self._members, self._bases = None, {}, []
 
 
 def _published(store: ObjectStore, checkpoint_id: str) -> bool:

@@ -138,9 +138,21 @@ class _Entry:
 
     def clone(self) -> _Entry:
         """A copy sharing the encoded parts (bytes and the frozen id: immutable)."""
-        twin = _Entry.__new__(_Entry)
-        for name in _Entry.__slots__:
-            setattr(twin, name, getattr(self, name))
+        twin = _Entry.__new__(_Entry)  # field by field: inside the pause, for every live entry
+        twin._execution, twin._head, twin._result_payload, twin._tail = (
+            self._execution,
+            self._head,
+            self._result_payload,
+            self._tail,
+        )
+        twin.attempt, twin.input_digest, twin.restart_only, twin.result, twin.rollout_id, twin.state = (
+            self.attempt,
+            self.input_digest,
+            self.restart_only,
+            self.result,
+            self.rollout_id,
+            self.state,
+        )
         return twin
 
     def info(self) -> ExecutionInfo:
