@@ -100,6 +100,7 @@ class WorkerServer:
         token: str,
         build: str = "_worker_build:build",
         env: dict[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         import sys
 
@@ -117,6 +118,7 @@ class WorkerServer:
                 str(store),
                 str(self.port),
                 str(workers),
+                *args,
             ],
             env={**os.environ, "ROLLOUT_CHECKPOINT_TOKEN": token, **(env or {})},
             stdout=subprocess.DEVNULL,

@@ -1,4 +1,5 @@
-"""Run a server from a build function, as a real process: python _serve_main.py BUILD STORE PORT WORKERS.
+"""Run a server from a build function, as a real process: python _serve_main.py BUILD STORE PORT WORKERS
+[HEALTHCHECK_TIMEOUT_S].
 
 The token comes from ROLLOUT_CHECKPOINT_TOKEN."""
 
@@ -14,6 +15,7 @@ from rollout_checkpoint.server._serve import TOKEN_ENV, run_server
 
 if __name__ == "__main__":
     build, store, port, workers = sys.argv[1:5]
+    options = {"worker_healthcheck_timeout": int(sys.argv[5])} if len(sys.argv) > 5 else {}
     run_server(
         build,
         store=store,
@@ -21,4 +23,5 @@ if __name__ == "__main__":
         port=int(port),
         token=os.environ[TOKEN_ENV],
         workers=int(workers),
+        **options,
     )

@@ -124,6 +124,8 @@ def test_serve_a_build_function_with_two_workers(tmp_path: Path) -> None:
         str(tmp_path / "store"),
         "--workers",
         "2",
+        "--worker-healthcheck-timeout",
+        "30",
         env={"ROLLOUT_CHECKPOINT_TOKEN": TOKEN},
     )
     try:

@@ -75,6 +75,15 @@ def serve_command(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port to listen on.")],
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     workers: Annotated[int, typer.Option("--workers", min=1, max=64, help="uvicorn worker processes.")] = 1,
+    worker_healthcheck_timeout: Annotated[
+        int,
+        typer.Option(
+            "--worker-healthcheck-timeout",
+            min=1,
+            help="Seconds a worker process may leave uvicorn's health check unanswered (busy in a long"
+            " commit) before it is replaced (with --workers > 1).",
+        ),
+    ] = 60,
     token_file: Annotated[
         Path | None,
         typer.Option("--token-file", help=f"File holding the control token (default: ${TOKEN_ENV})."),
@@ -110,6 +119,7 @@ def serve_command(
                 workers=workers,
                 log_level=log_level,
                 accept_unsafe_store=accept_unsafe_store,
+                worker_healthcheck_timeout=worker_healthcheck_timeout,
             )
             return
         build = KINDS.get(kind, kind)
@@ -132,6 +142,7 @@ def serve_command(
             log_level=log_level,
             accept_unsafe_store=accept_unsafe_store,
             start_paused=start_paused,
+            worker_healthcheck_timeout=worker_healthcheck_timeout,
         )
     except CheckpointError as exc:
         raise fail(exc, as_json=False) from None

@@ -17,6 +17,7 @@ from ._routing import OWNER_COOKIE, OWNER_HEADER, ROLLOUT_PATH_PREFIX, VIA_HEADE
 from ._serve import (
     TOKEN_ENV,
     UNSAFE_STORE_ENV,
+    WORKER_HEALTHCHECK_TIMEOUT_S,
     ServedApp,
     WorkerContext,
     group_app,
@@ -64,6 +65,7 @@ __all__ = [
     "TOKEN_ENV",
     "UNSAFE_STORE_ENV",
     "VIA_HEADER",
+    "WORKER_HEALTHCHECK_TIMEOUT_S",
     "OwnerSigner",
     "ServedApp",
     "WorkerContext",

@@ -21,6 +21,15 @@ server with one error in the main process (the workers report it over the group 
 A server checks its store when it starts, before it listens: conditional puts must be atomic
 there (an S3 endpoint is probed, once per process) unless ``accept_unsafe_store`` accepts the
 risk; worker processes learn that choice from ``ROLLOUT_CHECKPOINT_ACCEPT_UNSAFE_STORE=1``.
+
+uvicorn's supervisor pings every worker process about twice a second and kills (then replaces) one
+that does not answer within ``worker_healthcheck_timeout`` seconds. A worker answers from a thread
+of its own, but that thread needs the interpreter: a commit of tens of thousands of rollouts can
+hold it in one native call (an Arrow conversion, a garbage collection) for seconds on a loaded
+host, and uvicorn's own default (5 s) took such a busy, healthy worker for hung and lost its
+state. :data:`WORKER_HEALTHCHECK_TIMEOUT_S` (60 s) is the default here; a worker process that
+exits is noticed at once whatever the timeout, and one that truly hangs is still replaced (and
+its replacement refused by the coordinator's incarnation check).
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ from ._workers import WorkerGroup
 __all__ = [
     "TOKEN_ENV",
     "UNSAFE_STORE_ENV",
+    "WORKER_HEALTHCHECK_TIMEOUT_S",
     "GroupStartup",
     "ServedApp",
     "WorkerContext",
@@ -84,6 +94,16 @@ _PAUSED_ENV = "ROLLOUT_CHECKPOINT_WORKER_START_PAUSED"
 _MAIN_ENV = "ROLLOUT_CHECKPOINT_WORKER_MAIN_PID"  # a worker dies with its server's main process
 UNSAFE_STORE_ENV = "ROLLOUT_CHECKPOINT_ACCEPT_UNSAFE_STORE"
 _GROUP_SOCKET = "group.sock"
+WORKER_HEALTHCHECK_TIMEOUT_S = 60
+"""Seconds a worker process may leave uvicorn's health-check ping unanswered before it is killed
+and replaced (``run_server(..., worker_healthcheck_timeout=)``, ``serve --worker-healthcheck-timeout``)."""
+
+
+def _check_healthcheck_timeout(seconds: int) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 1:
+        raise InvalidArgumentError(
+            f"worker_healthcheck_timeout must be a whole number of seconds >= 1, got {seconds!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -308,9 +328,12 @@ def run_server(
     startup_timeout_s: float = 60.0,
     accept_unsafe_store: bool = False,
     start_paused: bool = False,
+    worker_healthcheck_timeout: int = WORKER_HEALTHCHECK_TIMEOUT_S,
 ) -> None:
     """Serve until interrupted (SIGINT/SIGTERM). See the module docstring. ``start_paused``:
     every participant starts with admission closed until a restore or an explicit resume.
+    ``worker_healthcheck_timeout`` (seconds, ``workers > 1``): how long a worker process may leave
+    uvicorn's health-check ping unanswered (busy in a long commit) before it is replaced.
 
     Raises :class:`~rollout_checkpoint.errors.ConditionalWriteUnsupportedError` before listening
     when the store's conditional puts are not atomic and ``accept_unsafe_store`` is false, and
@@ -319,6 +342,7 @@ def run_server(
     check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    _check_healthcheck_timeout(worker_healthcheck_timeout)
     exit_with_env()  # started by a process it must not outlive (``demo``)
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
@@ -361,6 +385,7 @@ def run_server(
                 port=port,
                 log_level=log_level,
                 timeout_graceful_shutdown=5,
+                timeout_worker_healthcheck=worker_healthcheck_timeout,
             )
     finally:
         uvicorn_log.removeFilter(hide)
@@ -379,13 +404,15 @@ def run_token_server(
     workers: int = 1,
     log_level: str = "warning",
     accept_unsafe_store: bool = False,
+    worker_healthcheck_timeout: int = WORKER_HEALTHCHECK_TIMEOUT_S,
 ) -> None:
     """Serve the reference token store (``rollout-checkpoint serve tokens``). Its shards are
     immutable and uniquely named on the object store, so worker processes need no group. The
-    store is checked as :func:`run_server` checks it."""
+    store is checked (and ``worker_healthcheck_timeout`` applied) as :func:`run_server` does."""
     check_server_token(token)
     if workers < 1:
         raise ValueError("workers must be >= 1")
+    _check_healthcheck_timeout(worker_healthcheck_timeout)
     exit_with_env()
     target = open_server_store(store, accept_unsafe_store=accept_unsafe_store)
     if workers == 1:
@@ -407,6 +434,7 @@ def run_token_server(
         host=host,
         port=port,
         log_level=log_level,
+        timeout_worker_healthcheck=worker_healthcheck_timeout,
     )
 
 
