@@ -1,7 +1,7 @@
 """Loading and classifying a checkpoint of a million rollouts written by 64 participants.
 
     python benchmarks/million.py [--rollouts 100000 1000000] [--participants 64] [--runs 3]
-        [--state-bytes 64] [--verify] [--dir DIR] [--json]
+        [--state-bytes 64] [--verify] [--store DIR] [--json]
 
 Build (one child process per size, not timed as a figure): ``--participants`` real in-process
 participants, half ``AgentParticipant`` and half ``ResourcesParticipant`` (``agent-NN`` and
@@ -151,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-bytes", type=int, default=64)
     parser.add_argument("--verify", action="store_true", help="also one run of verify=True per size")
     parser.add_argument(
-        "--dir", default=None, help="where to build (default: a new temporary folder, removed)"
+        "--store",
+        "--dir",
+        dest="dir",
+        default=None,
+        help="where to build and keep the checkpoints (reused when already built there; "
+        "default: a new temporary folder, removed)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -170,8 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for n in sorted(args.rollouts):
-            url = str(scratch / f"n{n}")
-            built = _child(["build", url, str(n), str(args.participants), str(args.state_bytes)])
+            url = str(scratch / f"n{n}-p{args.participants}-s{args.state_bytes}")
+            marker = Path(url) / "built.json"  # written last: a build cut short is rebuilt
+            if marker.exists():
+                built = json.loads(marker.read_text())
+                built["reused"] = True
+            else:
+                shutil.rmtree(url, ignore_errors=True)
+                built = _child(["build", url, str(n), str(args.participants), str(args.state_bytes)])
+                marker.write_text(json.dumps(built))
+                built["reused"] = False
             reads = [_child(["read", url]) for _ in range(args.runs)]
             seconds = median([r["seconds"] for r in reads])
             peak = median([r["peak_rss_mb"] for r in reads])

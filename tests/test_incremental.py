@@ -548,3 +548,29 @@ def test_a_crash_at_every_gc_step_leaves_every_retained_checkpoint_verifying() -
         assert sorted(_published(store)) == ["ck-3", "ck-4"]
         for cid in _published(store):
             verify_checkpoint(store, cid)
+
+
+def test_member_columns_are_the_members_by_kind_stored_and_referenced() -> None:
+    # what classification reads in bulk: every member of members(), grouped by kind, in order
+    store = _store()
+    _four_checkpoints(store)
+    plan = load_checkpoint(store, "ck-4", verify=False)
+    referenced = 0
+    for reader in plan.readers.values():
+        expected: dict[str, list[list[Any]]] = {}
+        for m in reader.members():
+            columns = expected.setdefault(m.kind, [[], [], [], [], []])
+            refs = None if m.refs is None else json.dumps(m.refs, separators=(",", ":"), sort_keys=True)
+            for column, value in zip(
+                columns, (m.rollout_id, m.attempt, m.key, m.revision, refs), strict=True
+            ):
+                column.append(value)
+            referenced += m.base is not None
+        got = reader.member_columns()
+        for columns in got.values():
+            columns[4] = [
+                None if t is None else json.dumps(json.loads(t), separators=(",", ":"), sort_keys=True)
+                for t in columns[4]
+            ]
+        assert got == expected
+    assert referenced  # the later checkpoints refer to their bases' members

@@ -15,8 +15,8 @@ from .records import Record, decode_record
 
 __all__ = ["MEMBER_COLUMNS", "ArchiveReader"]
 
-MEMBER_COLUMNS = ("kind", "rollout_id", "attempt", "key", "revision", "refs")
-"""What :meth:`ArchiveReader.member_columns` returns, in this order (``refs`` as stored: JSON text)."""
+MEMBER_COLUMNS = ("rollout_id", "attempt", "key", "revision", "refs")
+"""What :meth:`ArchiveReader.member_columns` gives per kind, in this order (``refs``: JSON text)."""
 
 
 class ArchiveReader(RawArchiveReader):
@@ -32,17 +32,30 @@ class ArchiveReader(RawArchiveReader):
         raw = self.get_raw(kind, rollout_id, attempt, key)
         return decode_record(raw.kind, raw.payload)
 
-    def member_columns(self) -> list[list[Any]]:
-        """Every member's ``MEMBER_COLUMNS`` as Python lists, from the index only (no shard is
-        read): the stored members in write order, then (version 2) the referenced ones, as
-        :meth:`members` yields them, without a ``MemberRef`` per member and with ``refs`` left as
-        the stored JSON text (the caller parses what it needs). A bulk reader's view: a million
-        members cost a handful of column conversions, not a million objects."""
+    def member_columns(self) -> dict[str, list[list[Any]]]:
+        """Every member, by kind, as the Python lists of its ``MEMBER_COLUMNS``, from the index
+        only (no shard is read): per kind the stored members in write order, then (version 2)
+        the referenced ones, as :meth:`members` yields them, without a ``MemberRef`` per member
+        and with ``refs`` left as the stored JSON text (the caller parses what it needs). A bulk
+        reader's view: a million members cost a few column conversions, not a million objects."""
+        from pyarrow._compute import call_function  # not pyarrow.compute: see archive's compute()
+
         index = self._member_index()
-        index.load(*MEMBER_COLUMNS)
-        columns: list[list[Any]] = [index.column(name).to_pylist() for name in MEMBER_COLUMNS]
-        referenced = self.references()
-        if referenced:
-            for i, column in enumerate(columns):
-                column.extend(r[i] for r in referenced)  # Reference: the same six fields first
-        return columns
+        index.load("kind", *MEMBER_COLUMNS)
+        kinds = index.column("kind")
+        out: dict[str, list[list[Any]]] = {}
+        unique = call_function("unique", [kinds])
+        for i, kind in enumerate(unique.to_pylist()):
+            # the Arrow scalar of the column itself: building one from a Python str would make
+            # pyarrow import pandas (seconds) to check the value's type
+            mask = call_function("equal", [kinds, unique[i]])
+            out[kind] = [
+                call_function("filter", [index.column(name), mask]).to_pylist() for name in MEMBER_COLUMNS
+            ]
+        for r in self.references():
+            columns = out.get(r.kind)
+            if columns is None:
+                columns = out[r.kind] = [[] for _ in MEMBER_COLUMNS]
+            for column, value in zip(columns, r[1:6], strict=True):  # Reference: kind, then these
+                column.append(value)
+        return out

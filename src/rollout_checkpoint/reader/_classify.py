@@ -101,18 +101,12 @@ def reject(checkpoint_id: str, reason: str, **details: Any) -> CheckpointRejecte
     )
 
 
-def _columns(reader: ArchiveReader, cid: str) -> list[list[Any]]:
-    """The component's members as index columns (``MEMBER_COLUMNS``), never one object each."""
+def _columns(reader: ArchiveReader, cid: str) -> dict[str, list[list[Any]]]:
+    """The component's members by kind as index columns (``MEMBER_COLUMNS``), never an object each."""
     try:
         return reader.member_columns()
     except CheckpointError as exc:
         raise reject(cid, f"member index unreadable: {exc.message}", code=exc.code) from exc
-
-
-_MISSING = object()
-_CACHE_LIMIT = 4096
-"""Distinct refs texts of the registry's members remembered while classifying (they are few:
-a state and a flag), so a million dispatch records parse a handful of JSON texts."""
 
 
 def _loads(raw: str | None) -> Any:
@@ -125,12 +119,26 @@ def _loads(raw: str | None) -> Any:
         return json.loads(raw)  # integers beyond 64 bits; invalid text raises as before
 
 
+def _parse_all(texts: list[str | None]) -> None:
+    """Parse refs that classification does not use, as every member's refs always were (a
+    malformed text fails the load as before); a column of nulls costs one scan."""
+    for text in texts:
+        if text is not None:
+            _loads(text)
+
+
+_CACHE_LIMIT = 4096
+"""Distinct refs texts of dispatch records remembered while classifying (they are few: a state
+and a flag), so a million dispatch records parse a handful of JSON texts."""
+
+
 def classify(
     cid: str,
     readers: Mapping[tuple[str, str], ArchiveReader],
     summaries: Sequence[ComponentSummary],
     snapshot: TokenSnapshotView | None,
 ) -> RolloutPlans:
+    """One disposition per execution the registry dispatched, over the member indexes' columns."""
     # -- every participant's declarations first: unsafe effects reject everything -------------------
     restarts: dict[Execution, str] = {}
     tombstones: dict[str, int] = {}
@@ -152,28 +160,21 @@ def classify(
             tombstones[rollout_id] = max(tombstones.get(rollout_id, -1), mark)
 
     # -- the registry: dispatched executions and acknowledged results -----------------------------
-    # Over the index's columns: no MemberRef per member, and each distinct refs text parsed once.
-    registry = readers[(REGISTRY_KIND, REGISTRY_INSTANCE)]
-    dispatched: dict[str, tuple[int, str, bool]] = {}
-    acknowledged: set[Execution] = set()
-    parsed: dict[str, Any] = {}
-    kinds, rollout_ids, attempts, _keys, _revisions, texts = _columns(registry, cid)
-    for kind, rollout_id, attempt, text in zip(kinds, rollout_ids, attempts, texts, strict=True):
-        if kind == "dispatch":
-            refs = parsed.get(text, _MISSING) if text is not None else None
-            if refs is _MISSING:
-                refs = _loads(text)
-                if len(parsed) < _CACHE_LIMIT:
-                    parsed[text] = refs
-            refs = refs or {}
-            if rollout_id in dispatched:
+    by_kind = _columns(readers[(REGISTRY_KIND, REGISTRY_INSTANCE)], cid)
+    empty: list[list[Any]] = [[], [], [], [], []]
+    ids, attempts, _keys, _revisions, texts = by_kind.pop("dispatch", empty)
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        for rollout_id in ids:
+            if rollout_id in seen:
                 raise reject(cid, f"registry lists rollout {rollout_id!r} twice")
-            dispatched[rollout_id] = (attempt, str(refs.get("state")), bool(refs.get("restart_only")))
-        elif kind == "completed_result":
-            _loads(text)  # parsed as every member's refs is (a malformed text fails as before)
-            acknowledged.add((rollout_id, attempt))
-        else:
-            _loads(text)
+            seen.add(rollout_id)
+    done_ids, done_attempts, _keys, _revisions, done_texts = by_kind.pop("completed_result", empty)
+    acknowledged: set[Execution] = set(zip(done_ids, done_attempts, strict=True))
+    _parse_all(done_texts)
+    for columns in by_kind.values():
+        _parse_all(columns[4])
+    del by_kind
 
     # -- participant members, grouped by execution ------------------------------------------------
     # An agent boundary's refs are kept as their JSON text and parsed once, when its execution is
@@ -190,28 +191,33 @@ def classify(
         if comp.ref.role != "participant":
             continue
         instance = comp.instance
-        columns = _columns(readers[(comp.kind, instance)], cid)
-        for kind, rollout_id, attempt, key, revision, text in zip(*columns, strict=True):
+        by_kind = _columns(readers[(comp.kind, instance)], cid)
+        for kind, (m_ids, m_attempts, m_keys, m_revisions, m_texts) in by_kind.items():
+            rows = zip(m_ids, m_attempts, m_keys, m_revisions, m_texts, strict=True)
             if kind == "agent_boundary":
-                ex = (rollout_id, attempt)
-                rev = revision if revision is not None else -1
-                best = boundaries.get(ex)
-                if best is None or rev > best[0]:
-                    boundaries[ex] = (rev, text)
-                    if best is not None:
-                        _loads(best[1])
-                else:
-                    _loads(text)
+                for rollout_id, attempt, _key, revision, text in rows:
+                    ex = (rollout_id, attempt)
+                    rev = revision if revision is not None else -1
+                    best = boundaries.get(ex)
+                    if best is None or rev > best[0]:
+                        boundaries[ex] = (rev, text)
+                        if best is not None:
+                            _loads(best[1])
+                    else:
+                        _loads(text)
             elif kind == "resource_snapshot":
-                _loads(text)
-                resources[(rollout_id, attempt, instance, key)] = revision if revision is not None else -1
+                _parse_all(m_texts)
+                for rollout_id, attempt, key, revision, _text in rows:
+                    resources[(rollout_id, attempt, instance, key)] = revision if revision is not None else -1
             elif kind == "model_lineage":
-                lineage.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
+                for rollout_id, attempt, key, _revision, text in rows:
+                    lineage.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
             elif kind == "token_receipt":
-                receipts.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
+                for rollout_id, attempt, key, _revision, text in rows:
+                    receipts.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
             else:
-                _loads(text)
-        del columns
+                _parse_all(m_texts)
+        del by_kind
 
     # -- every receipt must agree with the token-store snapshot (else reject) ---------------------
     for ex, by_key in receipts.items():
@@ -223,13 +229,25 @@ def classify(
         if conflicts:
             raise reject(cid, f"{ex[0]}#{ex[1]}: {conflicts[0]}")
 
-    # -- one disposition per dispatched execution -------------------------------------------------
-    out = RolloutPlans()
-    for rollout_id in sorted(dispatched):
-        attempt, state, restart_only = dispatched[rollout_id]
+    # -- one disposition per dispatched execution, in rollout-id order ------------------------------
+    parsed: dict[str | None, tuple[str, bool]] = {}
+    out_ids: list[str] = []
+    out_attempts: list[int] = []
+    out_dispositions: list[Disposition] = []
+    out_reasons: list[str] = []
+    out_states: list[str] = []
+    out_restart_only: list[bool] = []
+    for i in sorted(range(len(ids)), key=ids.__getitem__):
+        rollout_id, attempt, text = ids[i], attempts[i], texts[i]
+        flags = parsed.get(text)
+        if flags is None:
+            refs = _loads(text) or {}
+            flags = (str(refs.get("state")), bool(refs.get("restart_only")))
+            if len(parsed) < _CACHE_LIMIT:
+                parsed[text] = flags
+        state, restart_only = flags
         ex = (rollout_id, attempt)
         boundary = boundaries.pop(ex, None)
-        refs = None if boundary is None else (_loads(boundary[1]) or {})
         disposition, reason = _dispose(
             ex,
             state,
@@ -237,16 +255,21 @@ def classify(
             ex in acknowledged,
             restarts,
             tombstones,
-            refs,
+            None if boundary is None else (_loads(boundary[1]) or {}),
             resources,
             instances,
             lineage,
             receipts,
         )
-        out.append(rollout_id, attempt, disposition, reason, state, restart_only)
+        out_ids.append(rollout_id)
+        out_attempts.append(attempt)
+        out_dispositions.append(disposition)
+        out_reasons.append(reason)
+        out_states.append(state)
+        out_restart_only.append(restart_only)
     for _, text in boundaries.values():  # boundaries of executions no dispatch names
         _loads(text)
-    return out
+    return RolloutPlans(out_ids, out_attempts, out_dispositions, out_reasons, out_states, out_restart_only)
 
 
 def _check_receipt(

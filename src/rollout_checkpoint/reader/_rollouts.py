@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal, cast
 
 from pydantic import JsonValue
@@ -62,32 +63,33 @@ class RolloutPlans(Mapping[str, RolloutPlan]):
 
     __slots__ = ("_attempts", "_dispositions", "_ids", "_reasons", "_restart_only", "_states")
 
-    def __init__(self) -> None:
-        self._ids: list[str] = []
-        self._attempts: list[int] = []
-        self._dispositions: list[Disposition] = []
-        self._reasons: list[str] = []
-        self._states: list[str] = []
-        self._restart_only: list[bool] = []
-
-    def append(
+    def __init__(
         self,
-        rollout_id: str,
-        attempt: int,
-        disposition: Disposition,
-        reason: str,
-        state: str,
-        restart_only: bool,
+        rollout_ids: list[str],
+        attempts: list[int],
+        dispositions: list[Disposition],
+        reasons: list[str],
+        states: list[str],
+        restart_only: list[bool],
     ) -> None:
-        """Add one rollout; ids must come in increasing order."""
-        if self._ids and rollout_id <= self._ids[-1]:
-            raise ValueError(f"rollout ids out of order: {rollout_id!r} after {self._ids[-1]!r}")
-        self._ids.append(rollout_id)
-        self._attempts.append(attempt)
-        self._dispositions.append(disposition)
-        self._reasons.append(reason)
-        self._states.append(state)
-        self._restart_only.append(restart_only)
+        """Parallel lists, one entry per rollout, ``rollout_ids`` sorted and unique (checked)."""
+        if (
+            not len(rollout_ids)
+            == len(attempts)
+            == len(dispositions)
+            == len(reasons)
+            == len(states)
+            == len(restart_only)
+        ):
+            raise ValueError("RolloutPlans: columns of different lengths")
+        if any(a >= b for a, b in pairwise(rollout_ids)):
+            raise ValueError("RolloutPlans: rollout ids must be sorted and unique")
+        self._ids = rollout_ids
+        self._attempts = attempts
+        self._dispositions = dispositions
+        self._reasons = reasons
+        self._states = states
+        self._restart_only = restart_only
 
     def _position(self, rollout_id: object) -> int:
         if not isinstance(rollout_id, str):
