@@ -12,14 +12,27 @@ per rollout, each participant's component holding N/(P/2) of each kind, the regi
 dispatch record per rollout, as a real run writes them. The state is small on purpose: the reader
 never reads payloads, so their size changes the build, not what is measured.
 
+Everything in the checkpoint is real: the participants' own commits write their components and the
+coordinator publishes them; only the workload is synthetic (one boundary and one session per
+rollout, no model participant, so no lineage or token receipts to cross-check). Building holds
+every participant's state in one process, about 11 KB per rollout before the checkpoint and 22 KB
+at its peak (measured at 50,000), and takes minutes per 100,000 rollouts: 300,000 is the largest
+that fits 8 GB; 1,000,000 does not (about 22 GB). ``--store DIR`` keeps each built checkpoint
+under DIR (``n<N>-p<P>-s<S>``, a ``built.json`` written last) and reuses it on the next run, so
+the reads can be repeated without building again.
+
 Read (``--runs`` fresh processes per size, medians): ``load_checkpoint(store, verify=False)``,
 which reads the global record, the aggregate, every component manifest and member index (the
 registry's included) and classifies every rollout, from manifests and indexes only (checked:
-``CountingStore`` counts every object and byte read, and no shard is among them). Reported:
-seconds, microseconds per rollout (goal <= 5), objects and bytes read, peak RSS of the process
-(``VmHWM``) and its RSS before the call (imports done), their difference per rollout, and the
-dispositions. ``--verify`` adds one run of ``verify=True`` per size (which reads every shard
-the plan depends on). With ``--json`` the last line printed is one JSON object.
+``CountingStore`` counts every object and byte read, and no shard is among them). Reported: the
+call's wall seconds and its process CPU seconds, each per rollout (goal <= 5 us; on a shared
+host the wall time is mostly waiting for a core, the CPU time is the work), objects and bytes
+read, peak RSS of the process (``VmHWM``) and its RSS before the call (imports done), their
+difference per rollout, the dispositions (``plan.counts()``, which builds no per-rollout object),
+and, separately, the seconds to then build every rollout's ``RolloutPlan`` (iterating
+``plan.rollouts.values()``, what a caller that walks every rollout pays on top). ``--verify``
+adds one run of ``verify=True`` per size (which reads every shard the plan depends on). With
+``--json`` the last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -111,14 +123,20 @@ def read(url: str, verify: bool) -> dict[str, Any]:
 
     store = CountingStore(open_store(url))
     before = _rss_kb("VmRSS")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     plan = load_checkpoint(store, "million", verify=verify)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     peak = _rss_kb("VmHWM")
-    dispositions = Counter(p.disposition for p in plan.rollouts.values())
+    dispositions = plan.counts()
+    started = time.perf_counter()
+    materialised = sum(1 for _ in plan.rollouts.values())
+    iterate_seconds = time.perf_counter() - started
+    assert materialised == len(plan.rollouts)
     shards_read = sum(1 for k in store.keys_read if "/shards/" in k)  # payloads (and token rows)
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "iterate_seconds": iterate_seconds,
         "rollouts": len(plan.rollouts),
         "objects_read": sum(store.requests[op] for op in ("get", "get_range", "open_read")),
         "bytes_read": store.bytes_read,
@@ -187,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 built["reused"] = False
             reads = [_child(["read", url]) for _ in range(args.runs)]
             seconds = median([r["seconds"] for r in reads])
+            cpu_seconds = median([r["cpu_seconds"] for r in reads])
             peak = median([r["peak_rss_mb"] for r in reads])
             before = median([r["rss_before_mb"] for r in reads])
             row: dict[str, Any] = {
@@ -195,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                 "build": built,
                 "seconds": seconds,
                 "us_per_rollout": seconds / n * 1e6,
+                "cpu_seconds": cpu_seconds,
+                "cpu_us_per_rollout": cpu_seconds / n * 1e6,
+                "iterate_us_per_rollout": median([r["iterate_seconds"] for r in reads]) / n * 1e6,
                 "goal_us_per_rollout": GOAL_US_PER_ROLLOUT,
                 "goal_met": seconds / n * 1e6 <= GOAL_US_PER_ROLLOUT,
                 "peak_rss_mb": peak,
@@ -213,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.json:
                 print(
                     f"N={n:>8} x {args.participants} participants: load+classify {seconds:.2f} s = "
-                    f"{row['us_per_rollout']:.2f} us/rollout (goal <= {GOAL_US_PER_ROLLOUT}); peak RSS "
+                    f"{row['us_per_rollout']:.2f} us/rollout (goal <= {GOAL_US_PER_ROLLOUT}), CPU "
+                    f"{row['cpu_us_per_rollout']:.2f} us/rollout; peak RSS "
                     f"{peak:.0f} MB ({before:.0f} before: "
                     f"{row['rss_growth_bytes_per_rollout']:.0f} B/rollout); "
                     f"read {row['objects_read']} objects, {row['bytes_read'] / 1e6:.1f} MB of "

@@ -230,6 +230,7 @@ def classify(
             raise reject(cid, f"{ex[0]}#{ex[1]}: {conflicts[0]}")
 
     # -- one disposition per dispatched execution, in rollout-id order ------------------------------
+    plain = not acknowledged and not restarts and not tombstones
     parsed: dict[str | None, tuple[str, bool]] = {}
     out_ids: list[str] = []
     out_attempts: list[int] = []
@@ -248,19 +249,35 @@ def classify(
         state, restart_only = flags
         ex = (rollout_id, attempt)
         boundary = boundaries.pop(ex, None)
-        disposition, reason = _dispose(
-            ex,
-            state,
-            restart_only,
-            ex in acknowledged,
-            restarts,
-            tombstones,
-            None if boundary is None else (_loads(boundary[1]) or {}),
-            resources,
-            instances,
-            lineage,
-            receipts,
-        )
+        named: dict[str, Any] | None = None if boundary is None else (_loads(boundary[1]) or {})
+        disposition: Disposition
+        if (
+            plain
+            and named is not None
+            and not restart_only
+            and state not in _NOT_RUNNING
+            and named.get("model_call") is None
+            and ex not in lineage
+            and (not named.get("resources") or _resources_agree(ex, named["resources"], resources, instances))
+        ):
+            # what _dispose decides for this case, without its calls: a started execution with no
+            # result, restart or tombstone, whose boundary agrees with its resources and names no
+            # model call, and no lineage to check
+            disposition, reason = "continue", _CONTINUE
+        else:
+            disposition, reason = _dispose(
+                ex,
+                state,
+                restart_only,
+                ex in acknowledged,
+                restarts,
+                tombstones,
+                named,
+                resources,
+                instances,
+                lineage,
+                receipts,
+            )
         out_ids.append(rollout_id)
         out_attempts.append(attempt)
         out_dispositions.append(disposition)
@@ -292,6 +309,7 @@ def _check_receipt(
 
 
 _CONTINUE = "agent boundary, resources, lineage and token receipts agree"
+_NOT_RUNNING = _COMPLETED_STATES | {"queued"}
 
 
 def _dispose(
