@@ -555,22 +555,27 @@ def test_member_columns_are_the_members_by_kind_stored_and_referenced() -> None:
     store = _store()
     _four_checkpoints(store)
     plan = load_checkpoint(store, "ck-4", verify=False)
+    names = ("rollout_id", "attempt", "key", "revision", "refs")
     referenced = 0
+
+    def canonical(text: str | None) -> str | None:
+        return None if text is None else json.dumps(json.loads(text), sort_keys=True)
+
     for reader in plan.readers.values():
-        expected: dict[str, list[list[Any]]] = {}
+        expected: dict[str, dict[str, list[Any]]] = {}
         for m in reader.members():
-            columns = expected.setdefault(m.kind, [[], [], [], [], []])
-            refs = None if m.refs is None else json.dumps(m.refs, separators=(",", ":"), sort_keys=True)
-            for column, value in zip(
-                columns, (m.rollout_id, m.attempt, m.key, m.revision, refs), strict=True
-            ):
-                column.append(value)
+            columns = expected.setdefault(m.kind, {name: [] for name in names})
+            refs = None if m.refs is None else json.dumps(m.refs, sort_keys=True)
+            for name, value in zip(names, (m.rollout_id, m.attempt, m.key, m.revision, refs), strict=True):
+                columns[name].append(value)
             referenced += m.base is not None
-        got = reader.member_columns()
+        got = reader.member_columns(dict.fromkeys(expected, names))
         for columns in got.values():
-            columns[4] = [
-                None if t is None else json.dumps(json.loads(t), separators=(",", ":"), sort_keys=True)
-                for t in columns[4]
-            ]
+            columns["refs"] = [canonical(t) for t in columns["refs"]]
         assert got == expected
+        # a kind not asked for: its non-null refs texts only
+        texts = reader.member_columns({})
+        assert {k: [canonical(t) for t in c["refs"]] for k, c in texts.items()} == {
+            k: [t for t in c["refs"] if t is not None] for k, c in expected.items()
+        }
     assert referenced  # the later checkpoints refer to their bases' members

@@ -4,8 +4,10 @@ classification"), decided from manifests and member indexes alone, never from pa
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -101,12 +103,27 @@ def reject(checkpoint_id: str, reason: str, **details: Any) -> CheckpointRejecte
     )
 
 
-def _columns(reader: ArchiveReader, cid: str) -> dict[str, list[list[Any]]]:
-    """The component's members by kind as index columns (``MEMBER_COLUMNS``), never an object each."""
+def _columns(
+    reader: ArchiveReader, cid: str, wanted: Mapping[str, Sequence[str]]
+) -> dict[str, dict[str, list[Any]]]:
+    """The component's members by kind as index columns, never an object each."""
     try:
-        return reader.member_columns()
+        return reader.member_columns(wanted)
     except CheckpointError as exc:
         raise reject(cid, f"member index unreadable: {exc.message}", code=exc.code) from exc
+
+
+_REGISTRY_COLUMNS: dict[str, tuple[str, ...]] = {
+    "dispatch": ("rollout_id", "attempt", "refs"),
+    "completed_result": ("rollout_id", "attempt", "refs"),
+}
+_PARTICIPANT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "agent_boundary": ("rollout_id", "attempt", "revision", "refs"),
+    "resource_snapshot": ("rollout_id", "attempt", "key", "revision", "refs"),
+    "model_lineage": ("rollout_id", "attempt", "key", "refs"),
+    "token_receipt": ("rollout_id", "attempt", "key", "refs"),
+}
+"""The index columns classification reads of each kind; of any other kind, its refs texts only."""
 
 
 def _loads(raw: str | None) -> Any:
@@ -160,21 +177,24 @@ def classify(
             tombstones[rollout_id] = max(tombstones.get(rollout_id, -1), mark)
 
     # -- the registry: dispatched executions and acknowledged results -----------------------------
-    by_kind = _columns(readers[(REGISTRY_KIND, REGISTRY_INSTANCE)], cid)
-    empty: list[list[Any]] = [[], [], [], [], []]
-    ids, attempts, _keys, _revisions, texts = by_kind.pop("dispatch", empty)
-    if len(set(ids)) != len(ids):
+    by_kind = _columns(readers[(REGISTRY_KIND, REGISTRY_INSTANCE)], cid, _REGISTRY_COLUMNS)
+    none: dict[str, list[Any]] = {"rollout_id": [], "attempt": [], "refs": []}
+    dispatch = by_kind.pop("dispatch", none)
+    ids, attempts, texts = dispatch["rollout_id"], dispatch["attempt"], dispatch["refs"]
+    # strictly increasing (as the registry writes them): unique and already in order
+    ascending = all(map(operator.lt, ids, islice(ids, 1, None)))
+    if not ascending and len(set(ids)) != len(ids):
         seen: set[str] = set()
         for rollout_id in ids:
             if rollout_id in seen:
                 raise reject(cid, f"registry lists rollout {rollout_id!r} twice")
             seen.add(rollout_id)
-    done_ids, done_attempts, _keys, _revisions, done_texts = by_kind.pop("completed_result", empty)
-    acknowledged: set[Execution] = set(zip(done_ids, done_attempts, strict=True))
-    _parse_all(done_texts)
+    done = by_kind.pop("completed_result", none)
+    acknowledged: set[Execution] = set(zip(done["rollout_id"], done["attempt"], strict=True))
+    _parse_all(done["refs"])
     for columns in by_kind.values():
-        _parse_all(columns[4])
-    del by_kind
+        _parse_all(columns["refs"])
+    del by_kind, dispatch, done
 
     # -- participant members, grouped by execution ------------------------------------------------
     # An agent boundary's refs are kept as their JSON text and parsed once, when its execution is
@@ -191,11 +211,12 @@ def classify(
         if comp.ref.role != "participant":
             continue
         instance = comp.instance
-        by_kind = _columns(readers[(comp.kind, instance)], cid)
-        for kind, (m_ids, m_attempts, m_keys, m_revisions, m_texts) in by_kind.items():
-            rows = zip(m_ids, m_attempts, m_keys, m_revisions, m_texts, strict=True)
+        by_kind = _columns(readers[(comp.kind, instance)], cid, _PARTICIPANT_COLUMNS)
+        for kind, c in by_kind.items():
             if kind == "agent_boundary":
-                for rollout_id, attempt, _key, revision, text in rows:
+                for rollout_id, attempt, revision, text in zip(
+                    c["rollout_id"], c["attempt"], c["revision"], c["refs"], strict=True
+                ):
                     ex = (rollout_id, attempt)
                     rev = revision if revision is not None else -1
                     best = boundaries.get(ex)
@@ -206,17 +227,19 @@ def classify(
                     else:
                         _loads(text)
             elif kind == "resource_snapshot":
-                _parse_all(m_texts)
-                for rollout_id, attempt, key, revision, _text in rows:
+                _parse_all(c["refs"])
+                for rollout_id, attempt, key, revision in zip(
+                    c["rollout_id"], c["attempt"], c["key"], c["revision"], strict=True
+                ):
                     resources[(rollout_id, attempt, instance, key)] = revision if revision is not None else -1
-            elif kind == "model_lineage":
-                for rollout_id, attempt, key, _revision, text in rows:
-                    lineage.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
-            elif kind == "token_receipt":
-                for rollout_id, attempt, key, _revision, text in rows:
-                    receipts.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
+            elif kind in ("model_lineage", "token_receipt"):
+                held = lineage if kind == "model_lineage" else receipts
+                for rollout_id, attempt, key, text in zip(
+                    c["rollout_id"], c["attempt"], c["key"], c["refs"], strict=True
+                ):
+                    held.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
             else:
-                _parse_all(m_texts)
+                _parse_all(c["refs"])
         del by_kind
 
     # -- every receipt must agree with the token-store snapshot (else reject) ---------------------
@@ -238,7 +261,7 @@ def classify(
     out_reasons: list[str] = []
     out_states: list[str] = []
     out_restart_only: list[bool] = []
-    for i in sorted(range(len(ids)), key=ids.__getitem__):
+    for i in range(len(ids)) if ascending else sorted(range(len(ids)), key=ids.__getitem__):
         rollout_id, attempt, text = ids[i], attempts[i], texts[i]
         flags = parsed.get(text)
         if flags is None:
