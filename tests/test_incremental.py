@@ -605,3 +605,34 @@ def test_a_reported_boundary_is_sealed_when_reported_and_a_commit_seals_nothing(
         assert boundaries["r1"] == _boundary(run.executions[1], 3, 3)
     verify_checkpoint(store, "ck-3")
     run.close()
+
+
+def test_member_columns_are_the_members_by_kind_stored_and_referenced() -> None:
+    # what classification reads in bulk: every member of members(), grouped by kind, in order
+    store = _store()
+    _four_checkpoints(store)
+    plan = load_checkpoint(store, "ck-4", verify=False)
+    names = ("rollout_id", "attempt", "key", "revision", "refs")
+    referenced = 0
+
+    def canonical(text: str | None) -> str | None:
+        return None if text is None else json.dumps(json.loads(text), sort_keys=True)
+
+    for reader in plan.readers.values():
+        expected: dict[str, dict[str, list[Any]]] = {}
+        for m in reader.members():
+            columns = expected.setdefault(m.kind, {name: [] for name in names})
+            refs = None if m.refs is None else json.dumps(m.refs, sort_keys=True)
+            for name, value in zip(names, (m.rollout_id, m.attempt, m.key, m.revision, refs), strict=True):
+                columns[name].append(value)
+            referenced += m.base is not None
+        got = reader.member_columns(dict.fromkeys(expected, names))
+        for columns in got.values():
+            columns["refs"] = [canonical(t) for t in columns["refs"]]
+        assert got == expected
+        # a kind not asked for: its non-null refs texts only
+        texts = reader.member_columns({})
+        assert {k: [canonical(t) for t in c["refs"]] for k, c in texts.items()} == {
+            k: [t for t in c["refs"] if t is not None] for k, c in expected.items()
+        }
+    assert referenced  # the later checkpoints refer to their bases' members

@@ -58,9 +58,13 @@ def test_steady_state_writes_what_moved_and_reports_memory(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_million_reads_manifests_and_indexes_only() -> None:
-    out = _run("million.py", "--rollouts", "300", "--participants", "4", "--runs", "1")
+def test_million_reads_manifests_and_indexes_only(tmp_path: Path) -> None:
+    args = ("--rollouts", "300", "--participants", "4", "--runs", "1", "--store", str(tmp_path))
+    out = _run("million.py", *args)
     (row,) = out["results"]
-    assert row["dispositions"] == {"continue": 300}
+    assert row["dispositions"] == {"completed": 0, "continue": 300, "fresh_dispatch": 0}
+    assert row["build"]["reused"] is False and row["cpu_seconds"] > 0
+    (again,) = _run("million.py", *args)["results"]  # --store: the built checkpoint is read again
+    assert again["build"]["reused"] is True and again["dispositions"] == row["dispositions"]
     assert row["payload_objects_read"] == 0 and 0 < row["objects_read"] < row["build"]["objects"]
     assert row["peak_rss_mb"] >= row["rss_before_mb"] > 0

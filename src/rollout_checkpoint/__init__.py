@@ -127,6 +127,7 @@ if TYPE_CHECKING:
     from .reader import (
         RecoveryPlan,
         RolloutPlan,
+        RolloutPlans,
         SkippedCheckpoint,
         list_checkpoints,
         load_checkpoint,
@@ -261,6 +262,7 @@ _EXPORTS: dict[str, str] = {
     "TokenStoreReceipt": ".format.records",
     "RecoveryPlan": ".reader",
     "RolloutPlan": ".reader",
+    "RolloutPlans": ".reader",
     "SkippedCheckpoint": ".reader",
     "list_checkpoints": ".reader",
     "load_checkpoint": ".reader",
@@ -386,6 +388,7 @@ __all__ = [
     "RestoreReply",
     "ResumeReply",
     "RolloutPlan",
+    "RolloutPlans",
     "SequenceClaim",
     "SequenceTakenError",
     "SkippedCheckpoint",

@@ -10,7 +10,7 @@ the coordinator, the server, the CLI or the demo.
 
 from __future__ import annotations
 
-from ._classify import DISPOSITIONS, ComponentSummary, Disposition, RolloutPlan, TokenSnapshotView
+from ._classify import ComponentSummary, TokenSnapshotView
 from ._load import list_checkpoints, load_checkpoint, resolve_checkpoint_id, verify_checkpoint
 from ._plan import (
     LoadedCheckpoint,
@@ -20,6 +20,7 @@ from ._plan import (
     VerifyReport,
     default_token_snapshot_loader,
 )
+from ._rollouts import DISPOSITIONS, Disposition, RolloutPlan, RolloutPlans
 
 __all__ = [
     "DISPOSITIONS",
@@ -28,6 +29,7 @@ __all__ = [
     "LoadedCheckpoint",
     "RecoveryPlan",
     "RolloutPlan",
+    "RolloutPlans",
     "SkippedCheckpoint",
     "TokenSnapshotLoader",
     "TokenSnapshotView",

@@ -3,34 +3,34 @@ classification"), decided from manifests and member indexes alone, never from pa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import json
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from itertools import islice
+from typing import Any
 
+import orjson
 from pydantic import JsonValue
 
-from ..archive import MemberRef
 from ..errors import CheckpointError, CheckpointRejectedError
 from ..format.manifests import ComponentRef
 from ..format.record_reader import ArchiveReader
-from ..format.records import DispatchState
-from ..ids import ExecutionId
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND
 from ._cut_checks import cut_lineage_problem, cut_receipt_conflicts
 from ._reconcile import RESOURCE_KINDS, lineage_past_boundary, resources_disagree
+from ._rollouts import DISPOSITIONS, Disposition, RolloutPlan, RolloutPlans
 
 __all__ = [
     "DISPOSITIONS",
     "ComponentSummary",
     "Disposition",
     "RolloutPlan",
+    "RolloutPlans",
     "TokenSnapshotView",
     "classify",
     "reject",
 ]
-
-Disposition = Literal["completed", "continue", "fresh_dispatch"]
-DISPOSITIONS: tuple[Disposition, ...] = ("completed", "continue", "fresh_dispatch")
 
 _COMPLETED_STATES = frozenset({"handed_off", "consumed"})
 
@@ -44,38 +44,6 @@ class TokenSnapshotView:
     snapshot_id: str
     store: str | None
     entries: Mapping[str, tuple[str, int]]
-
-
-@dataclass(frozen=True)
-class RolloutPlan:
-    """The disposition of one dispatched execution (``attempt`` is the checkpointed attempt N)."""
-
-    rollout_id: str
-    attempt: int
-    disposition: Disposition
-    reason: str
-    state: DispatchState
-    restart_only: bool = False
-
-    @property
-    def execution(self) -> ExecutionId:
-        return ExecutionId(rollout_id=self.rollout_id, attempt=self.attempt)
-
-    @property
-    def next_attempt(self) -> int:
-        """The attempt that runs after a restore: N for ``completed`` (nothing runs), else N+1."""
-        return self.attempt if self.disposition == "completed" else self.attempt + 1
-
-    def to_json(self) -> dict[str, JsonValue]:
-        return {
-            "rollout_id": self.rollout_id,
-            "attempt": self.attempt,
-            "disposition": self.disposition,
-            "reason": self.reason,
-            "state": self.state,
-            "restart_only": self.restart_only,
-            "next_attempt": self.next_attempt,
-        }
 
 
 @dataclass(frozen=True)
@@ -135,11 +103,50 @@ def reject(checkpoint_id: str, reason: str, **details: Any) -> CheckpointRejecte
     )
 
 
-def _members(reader: ArchiveReader, cid: str) -> Iterator[MemberRef]:
+def _columns(
+    reader: ArchiveReader, cid: str, wanted: Mapping[str, Sequence[str]]
+) -> dict[str, dict[str, list[Any]]]:
+    """The component's members by kind as index columns, never an object each."""
     try:
-        yield from reader.members()
+        return reader.member_columns(wanted)
     except CheckpointError as exc:
         raise reject(cid, f"member index unreadable: {exc.message}", code=exc.code) from exc
+
+
+_REGISTRY_COLUMNS: dict[str, tuple[str, ...]] = {
+    "dispatch": ("rollout_id", "attempt", "refs"),
+    "completed_result": ("rollout_id", "attempt", "refs"),
+}
+_PARTICIPANT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "agent_boundary": ("rollout_id", "attempt", "revision", "refs"),
+    "resource_snapshot": ("rollout_id", "attempt", "key", "revision", "refs"),
+    "model_lineage": ("rollout_id", "attempt", "key", "refs"),
+    "token_receipt": ("rollout_id", "attempt", "key", "refs"),
+}
+"""The index columns classification reads of each kind; of any other kind, its refs texts only."""
+
+
+def _loads(raw: str | None) -> Any:
+    """``refs`` JSON text as ``MemberRef.refs`` holds it (orjson; what it refuses, ``json``)."""
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)  # integers beyond 64 bits; invalid text raises as before
+
+
+def _parse_all(texts: list[str | None]) -> None:
+    """Parse refs that classification does not use, as every member's refs always were (a
+    malformed text fails the load as before); a column of nulls costs one scan."""
+    for text in texts:
+        if text is not None:
+            _loads(text)
+
+
+_CACHE_LIMIT = 4096
+"""Distinct refs texts of dispatch records remembered while classifying (they are few: a state
+and a flag), so a million dispatch records parse a handful of JSON texts."""
 
 
 def classify(
@@ -147,7 +154,8 @@ def classify(
     readers: Mapping[tuple[str, str], ArchiveReader],
     summaries: Sequence[ComponentSummary],
     snapshot: TokenSnapshotView | None,
-) -> dict[str, RolloutPlan]:
+) -> RolloutPlans:
+    """One disposition per execution the registry dispatched, over the member indexes' columns."""
     # -- every participant's declarations first: unsafe effects reject everything -------------------
     restarts: dict[Execution, str] = {}
     tombstones: dict[str, int] = {}
@@ -169,21 +177,30 @@ def classify(
             tombstones[rollout_id] = max(tombstones.get(rollout_id, -1), mark)
 
     # -- the registry: dispatched executions and acknowledged results -----------------------------
-    registry = readers[(REGISTRY_KIND, REGISTRY_INSTANCE)]
-    dispatched: dict[str, tuple[int, str, bool]] = {}
-    acknowledged: set[Execution] = set()
-    for m in _members(registry, cid):
-        if m.kind == "dispatch":
-            refs = m.refs or {}
-            if m.rollout_id in dispatched:
-                raise reject(cid, f"registry lists rollout {m.rollout_id!r} twice")
-            dispatched[m.rollout_id] = (m.attempt, str(refs.get("state")), bool(refs.get("restart_only")))
-        elif m.kind == "completed_result":
-            acknowledged.add((m.rollout_id, m.attempt))
+    by_kind = _columns(readers[(REGISTRY_KIND, REGISTRY_INSTANCE)], cid, _REGISTRY_COLUMNS)
+    none: dict[str, list[Any]] = {"rollout_id": [], "attempt": [], "refs": []}
+    dispatch = by_kind.pop("dispatch", none)
+    ids, attempts, texts = dispatch["rollout_id"], dispatch["attempt"], dispatch["refs"]
+    # strictly increasing (as the registry writes them): unique and already in order
+    ascending = all(map(operator.lt, ids, islice(ids, 1, None)))
+    if not ascending and len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        for rollout_id in ids:
+            if rollout_id in seen:
+                raise reject(cid, f"registry lists rollout {rollout_id!r} twice")
+            seen.add(rollout_id)
+    done = by_kind.pop("completed_result", none)
+    acknowledged: set[Execution] = set(zip(done["rollout_id"], done["attempt"], strict=True))
+    _parse_all(done["refs"])
+    for columns in by_kind.values():
+        _parse_all(columns["refs"])
+    del by_kind, dispatch, done
 
     # -- participant members, grouped by execution ------------------------------------------------
-    boundaries: dict[Execution, tuple[int, dict[str, Any]]] = {}
-    resources: dict[Execution, dict[str, dict[str, int]]] = {}  # instance -> session -> revision
+    # An agent boundary's refs are kept as their JSON text and parsed once, when its execution is
+    # disposed (or, for one no dispatch names, at the end): every text is still parsed.
+    boundaries: dict[Execution, tuple[int, str | None]] = {}
+    resources: dict[tuple[str, int, str, str], int] = {}  # (rollout, attempt, instance, session)
     instances: dict[str, int] = {}  # resources instance -> how many components carry that name
     lineage: dict[Execution, dict[str, dict[str, Any]]] = {}
     receipts: dict[Execution, dict[str, dict[str, Any]]] = {}
@@ -193,21 +210,37 @@ def classify(
     for comp in summaries:
         if comp.ref.role != "participant":
             continue
-        for m in _members(readers[(comp.kind, comp.instance)], cid):
-            ex = (m.rollout_id, m.attempt)
-            refs = m.refs or {}
-            if m.kind == "agent_boundary":
-                rev = m.revision if m.revision is not None else -1
-                best = boundaries.get(ex)
-                if best is None or rev > best[0]:
-                    boundaries[ex] = (rev, refs)
-            elif m.kind == "resource_snapshot":
-                sessions = resources.setdefault(ex, {}).setdefault(comp.instance, {})
-                sessions[m.key] = m.revision if m.revision is not None else -1
-            elif m.kind == "model_lineage":
-                lineage.setdefault(ex, {})[m.key] = refs
-            elif m.kind == "token_receipt":
-                receipts.setdefault(ex, {})[m.key] = refs
+        instance = comp.instance
+        by_kind = _columns(readers[(comp.kind, instance)], cid, _PARTICIPANT_COLUMNS)
+        for kind, c in by_kind.items():
+            if kind == "agent_boundary":
+                for rollout_id, attempt, revision, text in zip(
+                    c["rollout_id"], c["attempt"], c["revision"], c["refs"], strict=True
+                ):
+                    ex = (rollout_id, attempt)
+                    rev = revision if revision is not None else -1
+                    best = boundaries.get(ex)
+                    if best is None or rev > best[0]:
+                        boundaries[ex] = (rev, text)
+                        if best is not None:
+                            _loads(best[1])
+                    else:
+                        _loads(text)
+            elif kind == "resource_snapshot":
+                _parse_all(c["refs"])
+                for rollout_id, attempt, key, revision in zip(
+                    c["rollout_id"], c["attempt"], c["key"], c["revision"], strict=True
+                ):
+                    resources[(rollout_id, attempt, instance, key)] = revision if revision is not None else -1
+            elif kind in ("model_lineage", "token_receipt"):
+                held = lineage if kind == "model_lineage" else receipts
+                for rollout_id, attempt, key, text in zip(
+                    c["rollout_id"], c["attempt"], c["key"], c["refs"], strict=True
+                ):
+                    held.setdefault((rollout_id, attempt), {})[key] = _loads(text) or {}
+            else:
+                _parse_all(c["refs"])
+        del by_kind
 
     # -- every receipt must agree with the token-store snapshot (else reject) ---------------------
     for ex, by_key in receipts.items():
@@ -219,28 +252,64 @@ def classify(
         if conflicts:
             raise reject(cid, f"{ex[0]}#{ex[1]}: {conflicts[0]}")
 
-    # -- one disposition per dispatched execution -------------------------------------------------
-    out: dict[str, RolloutPlan] = {}
-    for rollout_id in sorted(dispatched):
-        attempt, state, restart_only = dispatched[rollout_id]
+    # -- one disposition per dispatched execution, in rollout-id order ------------------------------
+    plain = not acknowledged and not restarts and not tombstones
+    parsed: dict[str | None, tuple[str, bool]] = {}
+    out_ids: list[str] = []
+    out_attempts: list[int] = []
+    out_dispositions: list[Disposition] = []
+    out_reasons: list[str] = []
+    out_states: list[str] = []
+    out_restart_only: list[bool] = []
+    for i in range(len(ids)) if ascending else sorted(range(len(ids)), key=ids.__getitem__):
+        rollout_id, attempt, text = ids[i], attempts[i], texts[i]
+        flags = parsed.get(text)
+        if flags is None:
+            refs = _loads(text) or {}
+            flags = (str(refs.get("state")), bool(refs.get("restart_only")))
+            if len(parsed) < _CACHE_LIMIT:
+                parsed[text] = flags
+        state, restart_only = flags
         ex = (rollout_id, attempt)
-        disposition, reason = _dispose(
-            ex,
-            state,
-            restart_only,
-            ex in acknowledged,
-            restarts,
-            tombstones,
-            boundaries,
-            resources,
-            instances,
-            lineage,
-            receipts,
-        )
-        out[rollout_id] = RolloutPlan(
-            rollout_id, attempt, disposition, reason, cast(DispatchState, state), restart_only
-        )
-    return out
+        boundary = boundaries.pop(ex, None)
+        named: dict[str, Any] | None = None if boundary is None else (_loads(boundary[1]) or {})
+        disposition: Disposition
+        if (
+            plain
+            and named is not None
+            and not restart_only
+            and state not in _NOT_RUNNING
+            and named.get("model_call") is None
+            and ex not in lineage
+            and (not named.get("resources") or _resources_agree(ex, named["resources"], resources, instances))
+        ):
+            # what _dispose decides for this case, without its calls: a started execution with no
+            # result, restart or tombstone, whose boundary agrees with its resources and names no
+            # model call, and no lineage to check
+            disposition, reason = "continue", _CONTINUE
+        else:
+            disposition, reason = _dispose(
+                ex,
+                state,
+                restart_only,
+                ex in acknowledged,
+                restarts,
+                tombstones,
+                named,
+                resources,
+                instances,
+                lineage,
+                receipts,
+            )
+        out_ids.append(rollout_id)
+        out_attempts.append(attempt)
+        out_dispositions.append(disposition)
+        out_reasons.append(reason)
+        out_states.append(state)
+        out_restart_only.append(restart_only)
+    for _, text in boundaries.values():  # boundaries of executions no dispatch names
+        _loads(text)
+    return RolloutPlans(out_ids, out_attempts, out_dispositions, out_reasons, out_states, out_restart_only)
 
 
 def _check_receipt(
@@ -262,6 +331,10 @@ def _check_receipt(
         )
 
 
+_CONTINUE = "agent boundary, resources, lineage and token receipts agree"
+_NOT_RUNNING = _COMPLETED_STATES | {"queued"}
+
+
 def _dispose(
     ex: Execution,
     state: str,
@@ -269,12 +342,13 @@ def _dispose(
     acknowledged: bool,
     restarts: Mapping[Execution, str],
     tombstones: Mapping[str, int],
-    boundaries: Mapping[Execution, tuple[int, dict[str, Any]]],
-    resources: Mapping[Execution, Mapping[str, Mapping[str, int]]],
+    refs: dict[str, Any] | None,
+    resources: Mapping[tuple[str, int, str, str], int],
     instances: Mapping[str, int],
     lineage: Mapping[Execution, dict[str, dict[str, Any]]],
     receipts: Mapping[Execution, dict[str, dict[str, Any]]],
 ) -> tuple[Disposition, str]:
+    """One execution's disposition; ``refs`` are its newest agent boundary's (None: no boundary)."""
     if acknowledged or state in _COMPLETED_STATES:
         return "completed", "result durably acknowledged before the checkpoint"
     if restart_only:
@@ -286,15 +360,20 @@ def _dispose(
     mark = tombstones.get(ex[0])
     if mark is not None and ex[1] <= mark:
         return "fresh_dispatch", f"attempt retired by a participant (tombstone {mark})"
-    boundary = boundaries.get(ex)
-    if boundary is None:
+    if refs is None:
         return "fresh_dispatch", "no agent boundary"
-    refs = boundary[1]
-    mismatch = resources_disagree(refs.get("resources"), resources.get(ex, {}), instances)
-    if mismatch is not None:
-        return "fresh_dispatch", mismatch
-    calls = lineage.get(ex, {})
+    wanted = refs.get("resources")
+    if wanted and not _resources_agree(ex, wanted, resources, instances):
+        mismatch = resources_disagree(wanted, _held(ex, wanted, resources), instances)
+        if mismatch is not None:
+            return "fresh_dispatch", mismatch
+    calls = lineage.get(ex)
     model_call = refs.get("model_call")
+    if not calls:
+        # no lineage: nothing below can object unless the boundary names a call
+        if model_call is not None:
+            return "fresh_dispatch", f"model call {model_call!r} missing from lineage"
+        return "continue", _CONTINUE
     if model_call is not None and model_call not in calls:
         return "fresh_dispatch", f"model call {model_call!r} missing from lineage"
     held = receipts.get(ex, {})
@@ -314,4 +393,45 @@ def _dispose(
             "fresh_dispatch",
             f"model lineage runs past the boundary's last committed call {model_call!r}: {past}",
         )
-    return "continue", "agent boundary, resources, lineage and token receipts agree"
+    return "continue", _CONTINUE
+
+
+def _resources_agree(
+    ex: Execution,
+    wanted: Any,
+    resources: Mapping[tuple[str, int, str, str], int],
+    instances: Mapping[str, int],
+) -> bool:
+    """The common case of :func:`resources_disagree` returning None, without building a view:
+    every named instance is one component and holds every named session at the named revision.
+    False means "not shown to agree": :func:`resources_disagree` then gives the verdict."""
+    if not isinstance(wanted, dict):
+        return False
+    rollout_id, attempt = ex
+    for instance, sessions in wanted.items():
+        if instances.get(instance) != 1 or not isinstance(sessions, dict):
+            return False
+        for session, revision in sessions.items():
+            if resources.get((rollout_id, attempt, instance, session)) != revision:
+                return False
+    return True
+
+
+def _held(
+    ex: Execution, wanted: Any, resources: Mapping[tuple[str, int, str, str], int]
+) -> dict[str, dict[str, int]]:
+    """The snapshots of ``ex`` for the instances and sessions the boundary names: all that
+    :func:`resources_disagree` looks up, as ``{instance: {session: revision}}``."""
+    held: dict[str, dict[str, int]] = {}
+    if not isinstance(wanted, dict):
+        return held
+    rollout_id, attempt = ex
+    for instance, sessions in wanted.items():
+        if not isinstance(instance, str) or not isinstance(sessions, dict):
+            continue
+        found = held.setdefault(instance, {})
+        for session in sessions:
+            revision = resources.get((rollout_id, attempt, instance, session))
+            if revision is not None:
+                found[session] = revision
+    return held

@@ -16,13 +16,8 @@ from ..format.record_reader import ArchiveReader
 from ..format.records import CompletedResultRecord, DispatchRecord, DispatchState, Record
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND, RegistryEntry
 from ..store import ObjectStore
-from ._classify import (
-    DISPOSITIONS,
-    ComponentSummary,
-    Disposition,
-    RolloutPlan,
-    TokenSnapshotView,
-)
+from ._classify import ComponentSummary, TokenSnapshotView
+from ._rollouts import DISPOSITIONS, Disposition, RolloutPlan, RolloutPlans
 
 __all__ = [
     "LoadedCheckpoint",
@@ -63,7 +58,9 @@ class SkippedCheckpoint:
 class RecoveryPlan:
     """A validated, classified published checkpoint (also called a *loaded checkpoint*).
 
-    ``rollouts`` holds one :class:`RolloutPlan` per dispatched execution, by rollout id.
+    ``rollouts`` holds one :class:`RolloutPlan` per dispatched execution, by rollout id, in
+    rollout-id order: a read-only mapping (:class:`RolloutPlans`, which builds each plan when it
+    is read, so a million rollouts do not cost a million objects up front).
     ``bytes_read`` / ``keys_read`` say what loading it cost; no shard payload is among them.
     """
 
@@ -73,7 +70,7 @@ class RecoveryPlan:
     record_ref: ObjectRef
     aggregate: AggregateManifest
     components: list[ComponentSummary]
-    rollouts: dict[str, RolloutPlan]
+    rollouts: Mapping[str, RolloutPlan]
     token_snapshot: TokenSnapshotView | None
     bytes_read: int
     keys_read: int
@@ -92,12 +89,16 @@ class RecoveryPlan:
         return self.verified is None
 
     def counts(self) -> dict[str, int]:
+        if isinstance(self.rollouts, RolloutPlans):
+            return self.rollouts.counts()
         out: dict[str, int] = dict.fromkeys(DISPOSITIONS, 0)
         for plan in self.rollouts.values():
             out[plan.disposition] += 1
         return out
 
     def by_disposition(self, disposition: Disposition) -> list[RolloutPlan]:
+        if isinstance(self.rollouts, RolloutPlans):
+            return self.rollouts.with_disposition(disposition)
         return [p for p in self.rollouts.values() if p.disposition == disposition]
 
     @property
