@@ -453,12 +453,17 @@ def test_a_forwarded_request_never_carries_another_clients_cookies(tmp_path: Pat
     an earlier forwarded response set for another client (an app's session cookie would then
     join two rollouts' sessions)."""
     forwarded = 0
+    i = 0
+    deadline = time.monotonic() + 60
     with server(tmp_path / "store") as s:
-        for i in range(16):
+        # at least 16 fresh clients, then more until one was forwarded (which worker accepts a
+        # fresh connection is the kernel's choice: an idle host may give one worker many in a row)
+        while i < 16 or (forwarded == 0 and i < 400 and time.monotonic() < deadline):
             with httpx.Client(base_url=s.url, timeout=30) as client:
                 response = client.post(f"/ng-rollout/r{i}/cookie")
             assert response.status_code == 200
             assert response.cookies.get("app_session") == f"r{i}"
             assert "app_session" not in response.json()["cookies"], response.json()
             forwarded += VIA_HEADER in response.headers
-    assert forwarded > 0  # the forwarding path ran (16 fresh clients over 2 workers)
+            i += 1
+    assert forwarded > 0, f"no request of {i} fresh clients was forwarded to its rollout's worker"
