@@ -32,7 +32,11 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayTaskError  # noqa
 
 from rollout_checkpoint import CheckpointError, ParticipantRestartedError  # noqa: E402
 from rollout_checkpoint.coordinator import Coordinator  # noqa: E402
-from rollout_checkpoint.errors import DeadlineTooFarError, InvalidIdentifierError  # noqa: E402
+from rollout_checkpoint.errors import (  # noqa: E402
+    DeadlineTooFarError,
+    InvalidArgumentError,
+    InvalidIdentifierError,
+)
 from rollout_checkpoint.integrations.ray import (  # noqa: E402
     CheckpointControlMixin,
     HostSpec,
@@ -253,6 +257,15 @@ class _GymLike(CheckpointControlMixin):
 
     def checkpoint_servers(self) -> dict[str, str]:
         return self.servers
+
+
+def test_a_mixin_without_its_servers_refuses_typed() -> None:
+    class _NoServers(CheckpointControlMixin):
+        pass
+
+    with pytest.raises(InvalidArgumentError, match=r"_NoServers .* checkpoint_servers\(\)") as caught:
+        _NoServers().checkpoint_prepare("ckpt-none", deadline_ts=time.time() + 60)
+    assert caught.value.code == "invalid_argument"
 
 
 def test_the_mixin_forwards_checkpoint_control_to_the_actors_servers(cluster: Any, store: str) -> None:

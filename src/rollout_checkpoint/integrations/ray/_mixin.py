@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ...errors import InvalidArgumentError
 from ...ids import ExecutionId
 from ...server import RemoteParticipant
 from ._tokens import TokenSource
@@ -44,8 +45,14 @@ class CheckpointControlMixin:
     checkpoint_token_source: TokenSource = TokenSource()
 
     def checkpoint_servers(self) -> Mapping[str, str]:
-        """``{name: base URL}`` of this actor's checkpointable servers (in prepare order)."""
-        raise NotImplementedError("override checkpoint_servers() to name the actor's local servers")
+        """``{name: base URL}`` of this actor's checkpointable servers (in prepare order).
+
+        The one hook a subclass must define: without it every checkpoint call is refused with
+        ``invalid_argument`` (it reaches the driver typed, as ``RayTaskError.cause``)."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} uses CheckpointControlMixin but does not define "
+            "checkpoint_servers() (the {name: base URL} of the actor's local servers)"
+        )
 
     def checkpoint_token(self) -> str:
         """The control token of the local servers (default: :attr:`checkpoint_token_source`)."""
