@@ -7,7 +7,11 @@
 * :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
   resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
-  the policy model.
+  the policy model;
+* :class:`CheckpointedOpenAIModel` - Gym's own ``openai_model`` server, unchanged, checkpointed as
+  the policy model (call identity derived from what Gym's agents send);
+* :func:`start_backend` - the SDK's deterministic OpenAI-compatible backend (also
+  ``python -m rollout_checkpoint.integrations.nemo_gym.backend``) for tests and examples.
 
 Gym is imported only when one of these names is first used (module ``__getattr__``), so
 ``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
@@ -22,6 +26,8 @@ from typing import Any
 __all__ = [
     "BLACKJACK",
     "BUILTIN_SPECS",
+    "BackendHandle",
+    "CheckpointedOpenAIModel",
     "COUNTER",
     "GYM_VERSION_TESTED",
     "WORDLE",
@@ -34,6 +40,7 @@ __all__ = [
     "attach",
     "checkpointed",
     "spec_for",
+    "start_backend",
 ]
 
 _WHERE = {
@@ -50,6 +57,9 @@ _WHERE = {
     "checkpointed": ".resources",
     "CheckpointedGymnasiumAgent": ".agent",
     "ScriptedResponsesModel": ".model",
+    "CheckpointedOpenAIModel": ".openai_model",
+    "BackendHandle": ".backend",
+    "start_backend": ".backend",
 }
 
 INSTALL_HINT = (
