@@ -9,9 +9,11 @@ server's name in it) plus ``ROLLOUT_CHECKPOINT_TOKEN`` and ``ROLLOUT_CHECKPOINT_
   group serves it instead of uvicorn's bare workers (one Gym server object per worker process,
   one merged participant, sessions routed to their worker);
 * ``agent`` - :class:`~.agent.CheckpointedGymnasiumAgent`;
-* ``model`` - :class:`~.model.ScriptedResponsesModel`;
-* ``openai-model`` - :class:`~.openai_model.CheckpointedOpenAIModel` (Gym's ``openai_model`` in
-  front of the backend its config's ``openai_base_url`` names).
+* ``model`` - the server type the Gym config names, as Gym picks its folder:
+  ``responses_api_models: openai_model:`` starts :class:`~.openai_model.CheckpointedOpenAIModel`
+  (Gym's ``openai_model`` in front of the backend its ``openai_base_url`` names), any other type
+  :class:`~.model.ScriptedResponsesModel`;
+* ``openai-model`` - :class:`~.openai_model.CheckpointedOpenAIModel` whatever the type's name.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ def build_resources(context: WorkerContext) -> ServedApp:
     return ServedApp(app=app, participant=participant)
 
 
+def _model_type() -> str | None:
+    """The model server's type in the Gym config (``responses_api_models: <type>:``)."""
+    from nemo_gym.global_config import get_global_config_dict
+
+    conf = get_global_config_dict()[os.environ["NEMO_GYM_CONFIG_PATH"]]
+    models = conf.get("responses_api_models") or {}
+    return str(next(iter(models))) if models else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in ("resources", "agent", "model", "openai-model"):
@@ -90,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         from .agent import CheckpointedGymnasiumAgent
 
         CheckpointedGymnasiumAgent.run_webserver()
-    elif role == "openai-model":
+    elif role == "openai-model" or _model_type() == "openai_model":
         from .openai_model import CheckpointedOpenAIModel
 
         CheckpointedOpenAIModel.run_webserver()
