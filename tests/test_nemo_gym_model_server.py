@@ -227,7 +227,8 @@ class _Gym:
                 "entrypoint": "app.py", "host": host, "port": self.ports[MODEL],
                 "openai_base_url": backend_url, "openai_api_key": "none", "openai_model": "deterministic",
                 "call_log": str(self.call_log),
-                "hold_file": str(self.gate), "hold_log": str(self.hold_log), "policy_version": "det-v1"}}},
+                "hold_file": str(self.gate), "hold_log": str(self.hold_log), "policy_version": "det-v1",
+                "extra_body": {"return_token_ids": True}}}},
             COUNTER: {"resources_servers": {"example_session_state_mgmt": {
                 "entrypoint": "app.py", "host": host, "port": self.ports[COUNTER], "domain": "agent"}}},
             COUNTER_AGENT: {"responses_api_agents": {"simple_agent": {
@@ -371,6 +372,19 @@ def test_gyms_openai_model_is_the_policy_participant_for_gyms_unmodified_agents(
             again = run(COUNTER_AGENT, _counter_row(1, "c1-again"))
             assert again.status_code == 200
             assert again.json()["response"]["output"] == results["c1"].json()["response"]["output"]
+            # the chat dialect (Gym's vllm_model speaks it to its backend): vLLM's token ids kept
+            messages = {"messages": [{"role": "user", "content": "Your hand: [9, 9] = 18"}]}
+            chat = httpx.post(
+                f"{gym.url(MODEL)}/ng-rollout/k1/v1/chat/completions", json=messages, trust_env=False
+            )
+            assert (
+                chat.status_code == 200
+                and chat.json()["choices"][0]["message"]["content"] == "<action>stand</action>"
+            )
+            (logged,) = [c for c in gym.lines(gym.call_log) if c["rollout_id"] == "k1"]
+            assert logged["call_id"] == "turn-1" and logged["generation_tokens"] == len(
+                chat.json()["choices"][0]["token_ids"]
+            )
             # a late retry of a delivered call is refused (its call id is taken), not recorded twice
             conversation = _counter_row(1, "c1")["responses_create_params"]
             dup = httpx.post(
@@ -413,3 +427,59 @@ def test_a_killed_openai_model_is_restored_and_blackjack_ends_as_if_uninterrupte
     assert summary["continued"] >= 1 and summary["matches_uninterrupted"] is True
     assert summary["repeated_model_calls"] == 0 and summary["lost_results"] == 0
     assert all(turn >= 1 for turn in summary["resumed_at_turns"].values()), summary["resumed_at_turns"]
+
+
+def test_call_identity_is_derived_from_what_gyms_agents_send() -> None:
+    from rollout_checkpoint.ids import ExecutionId
+    from rollout_checkpoint.integrations.nemo_gym.identity import (
+        RolloutIdentityRequiredError,
+        missing_identity_advice,
+        model_call_identity,
+    )
+
+    task = [{"role": "user", "content": "play"}]
+    call = {"type": "function_call", "call_id": "c", "name": "t", "arguments": "{}"}
+    reasoning = {"type": "reasoning", "summary": []}
+    answer = {"type": "message", "role": "assistant", "content": "x"}
+    # simple_agent: task, then each model turn's items and the tool outputs after them
+    assert model_call_identity("r1", None, task) == (ExecutionId(rollout_id="r1", attempt=0), "turn-1")
+    convo = [*task, reasoning, call, {"type": "function_call_output", "call_id": "c", "output": "{}"}]
+    assert model_call_identity("r1-a2", None, convo) == (ExecutionId(rollout_id="r1", attempt=2), "turn-2")
+    # gymnasium_agent: model output, then the next observation as a user message
+    game = [*task, answer, {"role": "user", "content": "obs"}, answer, {"role": "user", "content": "obs"}]
+    assert model_call_identity("g", None, game)[1] == "turn-3"
+    assert model_call_identity("g", "step-7", game)[1] == "step-7"  # the SDK's agents name their calls
+    with pytest.raises(RolloutIdentityRequiredError, match="observability_enabled"):
+        model_call_identity(None, "step-1", task, path="/v1/responses")
+    with pytest.raises(RolloutIdentityRequiredError, match="cannot be numbered"):
+        model_call_identity("r1", None, "a bare string")
+    # a path that already carries the id gets no advice to turn observability on
+    advice = missing_identity_advice("/ng-rollout/r1/v1/responses")
+    assert "observability_enabled" not in advice and "agent server" in advice
+
+
+def test_token_ids_are_read_where_the_wire_format_carries_them() -> None:
+    from rollout_checkpoint.integrations.nemo_gym.openai_model import token_ids_of_chat, token_ids_of_response
+
+    items = [
+        {"type": "reasoning", "prompt_token_ids": [1, 2], "generation_token_ids": [3],
+         "generation_log_probs": [-0.5]},
+        {"type": "message", "prompt_token_ids": [1, 2, 3], "generation_token_ids": [4, 5],
+         "generation_log_probs": [-0.1, -0.2]},
+    ]  # fmt: skip
+    ids = token_ids_of_response({"output": items})
+    assert (list(ids.prompt), list(ids.generation), list(ids.log_probs)) == (
+        [1, 2],
+        [3, 4, 5],
+        [-0.5, -0.1, -0.2],
+    )
+    assert token_ids_of_response({"output": [{"type": "message"}]}).generation == []  # none returned: empty
+    chat = {
+        "prompt_token_ids": [7, 8],
+        "choices": [{"token_ids": [9], "logprobs": {"content": [{"token": "token_id:9", "logprob": -0.3}]}}],
+    }
+    ids = token_ids_of_chat(chat)
+    assert (list(ids.prompt), list(ids.generation), list(ids.log_probs)) == ([7, 8], [9], [-0.3])
+    only_logprobs = {"choices": [{"logprobs": {"content": [{"token": "token_id:4", "logprob": -1.0}]}}]}
+    assert list(token_ids_of_chat(only_logprobs).generation) == [4]
+    assert list(token_ids_of_chat({"choices": []}).generation) == []
