@@ -36,10 +36,10 @@ from ...ids import ExecutionId
 from ...participants import ResourcesParticipant
 from ...server import error_response, install_error_handlers, install_participant, status_for
 from .identity import (
-    IDENTITY_SETTING,
     RolloutIdentityRequiredError,
     execution_from_capture_key,
     execution_from_episode_id,
+    missing_identity_advice,
 )
 from .specs import RESTART_ONLY_CLOSE_ROUTES, SessionSpec, spec_for
 
@@ -158,7 +158,7 @@ class _CheckpointMiddleware:
             return
         body, receive = await _buffer_body(receive)
         try:
-            execution = self._identity(body)
+            execution = self._identity(body, path)
             session_id = str((scope.get("session") or {}).get(SESSION_ID_KEY) or "")
             if not session_id:
                 raise RolloutIdentityRequiredError(
@@ -169,7 +169,7 @@ class _CheckpointMiddleware:
             status = 400 if isinstance(exc, RolloutIdentityRequiredError) else status_for(exc)
             await error_response(status, exc.code, exc.message)(scope, receive, send)
 
-    def _identity(self, body: bytes) -> ExecutionId:
+    def _identity(self, body: bytes, path: str) -> ExecutionId:
         key = _current_capture_key()
         if key is not None:
             return execution_from_capture_key(key)
@@ -181,7 +181,7 @@ class _CheckpointMiddleware:
         if execution is None:
             raise RolloutIdentityRequiredError(
                 f"{self.participant.kind}/{self.participant.instance}: this request carries no rollout "
-                f"identity, so its session could not be checkpointed: {IDENTITY_SETTING}"
+                f"identity, so its session could not be checkpointed: {missing_identity_advice(path)}"
             )
         return execution
 
