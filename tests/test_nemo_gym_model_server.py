@@ -97,6 +97,7 @@ def _episode(base_url: str, seed_text: str) -> list[dict[str, Any]]:
     return replies
 
 
+@pytest.mark.slow
 def test_two_backend_processes_answer_one_conversation_identically_and_end_tool_episodes(
     tmp_path: Path,
 ) -> None:
@@ -288,6 +289,7 @@ def _wait_for(condition: Any, what: str, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_gyms_openai_model_is_the_policy_participant_for_gyms_unmodified_agents(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -396,6 +398,7 @@ def test_gyms_openai_model_is_the_policy_participant_for_gyms_unmodified_agents(
             gym.stop()
 
 
+@pytest.mark.slow
 def test_a_killed_openai_model_is_restored_and_blackjack_ends_as_if_uninterrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
