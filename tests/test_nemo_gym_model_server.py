@@ -185,6 +185,7 @@ def test_start_backend_serves_in_process() -> None:
 
 
 # -- Gym's openai_model, checkpointed, driven by Gym's unmodified agents ------------------------------
+VLLM = "vllm_policy"
 MODEL, COUNTER, COUNTER_AGENT, MULTI, MULTI_AGENT = (
     "policy_model",
     "counter",
@@ -194,6 +195,7 @@ MODEL, COUNTER, COUNTER_AGENT, MULTI, MULTI_AGENT = (
 )
 _GYM = {  # server name -> how it starts (a launch role, or Gym's own class run by Gym's run_webserver)
     MODEL: ["-m", "rollout_checkpoint.integrations.nemo_gym.launch", "openai-model"],
+    VLLM: ["-m", "rollout_checkpoint.integrations.nemo_gym.launch", "model"],  # the config's type picks it
     COUNTER: ["-m", "rollout_checkpoint.integrations.nemo_gym.launch", "resources",
               "resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer"],
     COUNTER_AGENT: ["-c", "from responses_api_agents.simple_agent.app import SimpleAgent as S; "
@@ -230,6 +232,10 @@ class _Gym:
                 "call_log": str(self.call_log),
                 "hold_file": str(self.gate), "hold_log": str(self.hold_log), "policy_version": "det-v1",
                 "extra_body": {"return_token_ids": True}}}},
+            VLLM: {"responses_api_models": {"vllm_model": {
+                "entrypoint": "app.py", "host": host, "port": self.ports[VLLM], "base_url": backend_url,
+                "api_key": "none", "model": "deterministic", "return_token_id_information": True,
+                "uses_reasoning_parser": False, "call_log": str(tmp_path / "vllm-calls.jsonl")}}},
             COUNTER: {"resources_servers": {"example_session_state_mgmt": {
                 "entrypoint": "app.py", "host": host, "port": self.ports[COUNTER], "domain": "agent"}}},
             COUNTER_AGENT: {"responses_api_agents": {"simple_agent": {
@@ -262,7 +268,9 @@ class _Gym:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _wait_http(f"{self.url(name)}/health", self.procs[name], log, timeout=120)
+
+    def wait(self, name: str) -> None:
+        _wait_http(f"{self.url(name)}/health", self.procs[name], self.dir / f"{name}.log", timeout=180)
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -304,8 +312,10 @@ def test_gyms_openai_model_is_the_policy_participant_for_gyms_unmodified_agents(
         gym = _Gym(tmp_path, backend.base_url)
         pool = ThreadPoolExecutor(4)
         try:
-            for name in _GYM:
+            for name in _GYM:  # all at once: their start-ups overlap
                 gym.start(name)
+            for name in _GYM:
+                gym.wait(name)
             model = RemoteParticipant(gym.url(MODEL), token=gym.token)
             # no identity: refused before the backend is asked, with advice that fits the path
             bare = httpx.post(
@@ -387,6 +397,18 @@ def test_gyms_openai_model_is_the_policy_participant_for_gyms_unmodified_agents(
             assert logged["call_id"] == "turn-1" and logged["generation_tokens"] == len(
                 chat.json()["choices"][0]["token_ids"]
             )
+            # Gym's vllm_model (Responses -> chat completions -> Responses): one delivery per call
+            vllm_calls = tmp_path / "vllm-calls.jsonl"
+            convo: list[Any] = list(_counter_row(1, "v1")["responses_create_params"]["input"])
+            for turn in (1, 2):
+                body = {"input": convo, "tools": COUNTER_TOOLS}
+                reply = httpx.post(f"{gym.url(VLLM)}/ng-rollout/v1/v1/responses", json=body, trust_env=False)
+                assert reply.status_code == 200, reply.text
+                (item,) = [o for o in reply.json()["output"] if o["type"] == "function_call"]
+                logged = [c for c in gym.lines(vllm_calls) if c["rollout_id"] == "v1"]
+                assert [c["call_id"] for c in logged] == [f"turn-{n}" for n in range(1, turn + 1)]
+                assert logged[-1]["generation_tokens"] == len(item["generation_token_ids"]) > 0
+                convo += [item, {"type": "function_call_output", "call_id": item["call_id"], "output": "{}"}]
             # a late retry of a delivered call is refused (its call id is taken), not recorded twice
             conversation = _counter_row(1, "c1")["responses_create_params"]
             dup = httpx.post(

@@ -8,8 +8,9 @@
   resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
   the policy model;
-* :class:`CheckpointedOpenAIModel` - Gym's own ``openai_model`` server, unchanged, checkpointed as
-  the policy model (call identity derived from what Gym's agents send);
+* :class:`CheckpointedOpenAIModel` / :class:`CheckpointedVLLMModel` - Gym's own ``openai_model`` /
+  ``vllm_model`` server, unchanged, checkpointed as the policy model (call identity derived from
+  what Gym's agents send);
 * :func:`start_backend` - the SDK's deterministic OpenAI-compatible backend (also
   ``python -m rollout_checkpoint.integrations.nemo_gym.backend``) for tests and examples.
 
@@ -58,6 +59,7 @@ _WHERE = {
     "CheckpointedGymnasiumAgent": ".agent",
     "ScriptedResponsesModel": ".model",
     "CheckpointedOpenAIModel": ".openai_model",
+    "CheckpointedVLLMModel": ".vllm_model",
     "BackendHandle": ".backend",
     "start_backend": ".backend",
 }

@@ -13,6 +13,7 @@ server's name in it) plus ``ROLLOUT_CHECKPOINT_TOKEN`` and ``ROLLOUT_CHECKPOINT_
   ``responses_api_models: openai_model:`` starts :class:`~.openai_model.CheckpointedOpenAIModel`
   (Gym's ``openai_model`` in front of the backend its ``openai_base_url`` names), any other type
   :class:`~.model.ScriptedResponsesModel`;
+  (``vllm_model`` likewise starts :class:`~.vllm_model.CheckpointedVLLMModel`);
 * ``openai-model`` - :class:`~.openai_model.CheckpointedOpenAIModel` whatever the type's name.
 """
 
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         from .openai_model import CheckpointedOpenAIModel
 
         CheckpointedOpenAIModel.run_webserver()
+    elif _model_type() == "vllm_model":
+        from .vllm_model import CheckpointedVLLMModel
+
+        CheckpointedVLLMModel.run_webserver()
     else:
         from .model import ScriptedResponsesModel
 

@@ -29,10 +29,13 @@ and ``policy_version``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi import Body, Request
+from pydantic import BaseModel
 
 from ...errors import CheckpointError
 from ...server import error_response, status_for
@@ -40,8 +43,10 @@ from ._policy import FINISH_PATH, PolicyServing, TokenIds
 from .identity import CALL_ID_HEADER, model_call_identity
 
 __all__ = [
+    "CheckpointedModelMixin",
     "CheckpointedOpenAIModel",
     "CheckpointedOpenAIModelConfig",
+    "PolicyKnobs",
     "token_ids_of_chat",
     "token_ids_of_response",
 ]
@@ -56,12 +61,18 @@ from nemo_gym.rollout_correlation import current_rollout_id  # noqa: E402
 from responses_api_models.openai_model.app import SimpleModelServer, SimpleModelServerConfig  # noqa: E402
 
 
-class CheckpointedOpenAIModelConfig(SimpleModelServerConfig):
+class PolicyKnobs(BaseModel):
+    """The config keys a checkpointed Gym model server adds to its Gym config."""
+
     policy_version: str = "v1"
     call_log: str | None = None
     hold_file: str | None = None
     hold_from_call: int = 2
     hold_log: str | None = None
+
+
+class CheckpointedOpenAIModelConfig(SimpleModelServerConfig, PolicyKnobs):
+    pass
 
 
 def _ints(value: Any) -> list[int] | None:
@@ -145,13 +156,26 @@ def _dump(value: Any) -> dict[str, Any]:
     return dumped
 
 
-class CheckpointedOpenAIModel(SimpleModelServer):
-    """See the module docstring."""
+_SERVING: ContextVar[bool] = ContextVar("rollout_checkpoint_policy_call", default=False)
 
-    config: CheckpointedOpenAIModelConfig
+
+async def _call_gym(method: Any, request: Request, body: Any) -> Any:
+    """Call a Gym server's ``responses`` / ``chat_completions``, with ``request`` where it takes one."""
+    if "request" in inspect.signature(method).parameters:
+        return await method(request=request, body=body)
+    return await method(body=body)
+
+
+class CheckpointedModelMixin:
+    """Makes a Gym model server (put first among the bases) the policy participant: its own
+    ``responses`` / ``chat_completions`` compute the reply, then the call is delivered (see the
+    module docstring). A call the server makes to itself (``vllm_model``'s ``responses`` runs its
+    ``chat_completions``) is one model call, delivered once."""
+
+    config: Any
 
     def setup_webserver(self) -> Any:
-        app = super().setup_webserver()
+        app = super().setup_webserver()  # type: ignore[misc]
         c = self.config
         self.__dict__["_rc_serving"] = PolicyServing(
             app, str(c.name), policy_version=c.policy_version, call_log=c.call_log, hold_file=c.hold_file,
@@ -161,19 +185,21 @@ class CheckpointedOpenAIModel(SimpleModelServer):
         return app
 
     async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming = _BODY) -> Any:
+        gym = super().responses  # type: ignore[misc]
+        if _SERVING.get():
+            return await _call_gym(gym, request, body)
         items = body.model_dump(mode="json", exclude_unset=True).get("input")
         items = [{"role": "user", "content": items}] if isinstance(items, str) else items
-        return await self._serve(
-            request, items, lambda: SimpleModelServer.responses(self, body), token_ids_of_response
-        )
+        return await self._serve(request, items, lambda: _call_gym(gym, request, body), token_ids_of_response)
 
     async def chat_completions(
         self, request: Request, body: NeMoGymChatCompletionCreateParamsNonStreaming = _BODY
     ) -> Any:
+        gym = super().chat_completions  # type: ignore[misc]
+        if _SERVING.get():
+            return await _call_gym(gym, request, body)
         messages = body.model_dump(mode="json", exclude_unset=True).get("messages")
-        return await self._serve(
-            request, messages, lambda: SimpleModelServer.chat_completions(self, body), token_ids_of_chat
-        )
+        return await self._serve(request, messages, lambda: _call_gym(gym, request, body), token_ids_of_chat)
 
     async def _serve(self, request: Request, conversation: Any, generate: Any, token_ids: Any) -> Any:
         serving: PolicyServing = self.__dict__["_rc_serving"]
@@ -185,7 +211,11 @@ class CheckpointedOpenAIModel(SimpleModelServer):
         except CheckpointError as exc:
             return error_response(400, exc.code, f"model server {self.config.name}: {exc.message}")
         await serving.held(str(key), call_id)
-        reply = await generate()  # Gym's own code asks the backend: nothing to cut, nothing durable yet
+        marker = _SERVING.set(True)
+        try:
+            reply = await generate()  # Gym's own code asks the backend: nothing to cut, nothing durable yet
+        finally:
+            _SERVING.reset(marker)
         try:
             await serving.deliver(execution, call_id, token_ids(_dump(reply)))
         except CheckpointError as exc:
@@ -196,6 +226,12 @@ class CheckpointedOpenAIModel(SimpleModelServer):
         """The rollout is done with the model (its lineage is not exported again)."""
         serving: PolicyServing = self.__dict__["_rc_serving"]
         return await serving.finish(current_rollout_id())
+
+
+class CheckpointedOpenAIModel(CheckpointedModelMixin, SimpleModelServer):
+    """See the module docstring."""
+
+    config: CheckpointedOpenAIModelConfig
 
 
 if __name__ == "__main__":
