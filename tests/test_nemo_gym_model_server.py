@@ -508,3 +508,40 @@ def test_token_ids_are_read_where_the_wire_format_carries_them() -> None:
     only_logprobs = {"choices": [{"logprobs": {"content": [{"token": "token_id:4", "logprob": -1.0}]}}]}
     assert list(token_ids_of_chat(only_logprobs).generation) == [4]
     assert list(token_ids_of_chat({"choices": []}).generation) == []
+
+
+def test_the_scripted_model_numbers_the_calls_of_gyms_agents_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from rollout_checkpoint.integrations.nemo_gym.model import ScriptedModelConfig, ScriptedResponsesModel
+
+    monkeypatch.setenv("ROLLOUT_CHECKPOINT_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("ROLLOUT_CHECKPOINT_TOKEN", "t" * 32)
+    log = tmp_path / "calls.jsonl"
+    config = ScriptedModelConfig.model_construct(
+        name="scripted", host="127.0.0.1", port=1, entrypoint="app.py", seed=0, delay_s=0.0,
+        call_log=str(log), hold_file=None, hold_from_call=2, hold_log=None, num_workers=None,
+        token_id_capture_non_generating_requests=[],
+    )  # fmt: skip
+    server = ScriptedResponsesModel.model_construct(
+        config=config, server_client=SimpleNamespace(global_config_dict={})
+    )
+    client = TestClient(server.setup_webserver())
+    # what Gym's gymnasium agent sends: the conversation so far, no x-rc-call-id
+    items: list[Any] = [{"role": "user", "content": "Your hand: [2, 3] = 5"}]
+    first = client.post("/ng-rollout/b1/v1/responses", json={"input": items})
+    assert (
+        first.status_code == 200 and first.json()["output"][0]["content"][0]["text"] == "<action>hit</action>"
+    )
+    items += [*first.json()["output"], {"role": "user", "content": "Your hand: [2, 3, 10] = 15"}]
+    assert client.post("/ng-rollout/b1/v1/responses", json={"input": items}).status_code == 200
+    assert [json.loads(line)["call_id"] for line in log.read_text().splitlines()] == ["turn-1", "turn-2"]
+    retried = client.post("/ng-rollout/b1/v1/responses", json={"input": items})
+    assert retried.status_code == 409 and retried.json()["error"]["code"] == "identity_conflict"
+    anonymous = client.post("/v1/responses", json={"input": items}).json()["error"]
+    assert anonymous["code"] == "rollout_id_required" and "observability_enabled: true" in anonymous["detail"]
+    assert "episode_id" not in anonymous["detail"]  # a model call has no typed body to carry one

@@ -103,9 +103,13 @@ def model_call_identity(
     :class:`RolloutIdentityRequiredError` when the request carries no capture key or the
     conversation is not a list of items (nothing to count turns in)."""
     if key is None:
-        raise RolloutIdentityRequiredError(
-            f"this model call carries no rollout identity: {missing_identity_advice(path)}"
-        )
+        advice = missing_identity_advice(path)
+        if advice == IDENTITY_SETTING:  # a model call has no typed body to carry an episode id
+            advice = (
+                "set `observability_enabled: true` in the NeMo Gym config (Gym's agents then call "
+                "the model at /ng-rollout/<rollout id>/v1/...)"
+            )
+        raise RolloutIdentityRequiredError(f"this model call carries no rollout identity: {advice}")
     execution = execution_from_capture_key(key)
     if header_call_id:
         return execution, header_call_id
