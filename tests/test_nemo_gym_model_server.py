@@ -180,6 +180,10 @@ def test_start_backend_serves_in_process() -> None:
     with start_backend(3) as backend:
         r = httpx.post(f"{backend.base_url}/responses", json={"input": "hi"}, trust_env=False, timeout=10)
         assert r.status_code == 200 and r.json()["output"][0]["type"] == "message"
+        forbidden = {"input": "hi", "tools": COUNTER_TOOLS, "tool_choice": "none"}
+        no_tools = httpx.post(f"{backend.base_url}/responses", json=forbidden, trust_env=False).json()
+        assert no_tools["output"][0]["type"] == "message"
+        assert backend.calls == 2
         again = httpx.post(f"{backend.base_url}/responses", json={"input": "hi"}, trust_env=False)
         assert again.json() == r.json()
 

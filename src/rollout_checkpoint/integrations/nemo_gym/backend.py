@@ -10,10 +10,10 @@ Every reply, tool calls included, is a pure function of the seed and the convers
 (:func:`decide`: a SHA-256 of the seed and the canonical JSON of the messages and tools, token
 fields and ``null`` values left out), so a resumed run compares exactly with an uninterrupted one:
 
-* while the request offers tools and fewer than ``tool_turns`` model turns of the conversation
-  called one, the reply calls a tool chosen by the hash, with arguments built from the tool's
-  JSON schema (:func:`arguments_for`: required properties always, enums, bounds and types
-  respected);
+* while the request offers tools (and ``tool_choice`` is not ``"none"``) and fewer than
+  ``tool_turns`` model turns of the conversation called one, the reply calls a tool chosen by
+  the hash, with arguments built from the tool's JSON schema (:func:`arguments_for`: required
+  properties always, enums, bounds and types respected);
 * otherwise a final message: for Gym's blackjack (a ``Your hand: [...] = N`` observation) a valid
   ``<action>hit</action>`` / ``<action>stand</action>`` (:func:`blackjack_move`); for a prompt
   that lists ``<action>X</action>`` choices, one of them; else a short answer naming the hash.
@@ -342,6 +342,11 @@ async def _json_object(request: Request) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
+def _turns(body: Mapping[str, Any], tool_turns: int) -> int:
+    """``tool_choice: "none"`` forbids tool calls: the reply is a final message."""
+    return 0 if body.get("tool_choice") == "none" else tool_turns
+
+
 def build_backend_app(seed: int = 0, *, tool_turns: int = 2, token_ids: bool = True) -> FastAPI:
     """The backend as an ASGI app (see the module docstring)."""
     app = FastAPI(title="rollout-checkpoint deterministic backend")
@@ -364,7 +369,7 @@ def build_backend_app(seed: int = 0, *, tool_turns: int = 2, token_ids: bool = T
         if body.get("stream"):
             return _bad_request("this backend does not stream")
         app.state.calls += 1
-        reply = decide(seed, body["input"], body.get("tools"), tool_turns=tool_turns)
+        reply = decide(seed, body["input"], body.get("tools"), tool_turns=_turns(body, tool_turns))
         return _responses_reply(body, reply, token_ids)
 
     @app.post("/v1/chat/completions")
@@ -375,7 +380,8 @@ def build_backend_app(seed: int = 0, *, tool_turns: int = 2, token_ids: bool = T
         if body.get("stream"):
             return _bad_request("this backend does not stream")
         app.state.calls += 1
-        return _chat_reply(body, decide(seed, body["messages"], body.get("tools"), tool_turns=tool_turns))
+        turns = _turns(body, tool_turns)
+        return _chat_reply(body, decide(seed, body["messages"], body.get("tools"), tool_turns=turns))
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> Any:
