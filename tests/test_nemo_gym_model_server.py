@@ -147,6 +147,15 @@ def test_two_backend_processes_answer_one_conversation_identically_and_end_tool_
             proc.wait(10)
 
 
+def test_the_backend_command_refuses_a_bad_option_in_one_line(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rollout_checkpoint.integrations.nemo_gym.backend", "--port", "70000"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].endswith("--port in 0..65535")
+
+
 def test_the_backend_policy_is_a_pure_function_of_seed_and_conversation() -> None:
     items = [{"role": "user", "content": "go"}]
     a = decide(1, items, COUNTER_TOOLS)
