@@ -558,3 +558,8 @@ def test_the_scripted_model_numbers_the_calls_of_gyms_agents_itself(
     anonymous = client.post("/v1/responses", json={"input": items}).json()["error"]
     assert anonymous["code"] == "rollout_id_required" and "observability_enabled: true" in anonymous["detail"]
     assert "episode_id" not in anonymous["detail"]  # a model call has no typed body to carry one
+    two = config.model_copy(update={"num_workers": 2})
+    with pytest.raises(ValueError, match="one process"):  # uvicorn's workers would bypass the participant
+        ScriptedResponsesModel.model_construct(
+            config=two, server_client=server.server_client
+        ).setup_webserver()

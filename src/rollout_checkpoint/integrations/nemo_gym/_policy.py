@@ -57,7 +57,15 @@ class PolicyServing:
         hold_file: str | None = None,
         hold_from_call: int = 2,
         hold_log: str | None = None,
+        workers: int | None = None,
     ) -> None:
+        if (workers or 1) > 1:
+            # Gym serves num_workers > 1 as uvicorn workers importing the entrypoint module's
+            # unwrapped `app`: the calls would bypass the participant, so refuse
+            raise ValueError(
+                f"model server {name}: a checkpointed model server runs one process (num_workers: "
+                f"{workers} would serve Gym's unwrapped app); start one server per port instead"
+            )
         store_url = os.environ.get("ROLLOUT_CHECKPOINT_STORE")
         if not store_url:
             raise ValueError(

@@ -75,7 +75,7 @@ class ScriptedResponsesModel(SimpleResponsesAPIModel):
         c = self.config
         serving = PolicyServing(
             app, str(c.name), policy_version="scripted-v1", call_log=c.call_log, hold_file=c.hold_file,
-            hold_from_call=c.hold_from_call, hold_log=c.hold_log,
+            hold_from_call=c.hold_from_call, hold_log=c.hold_log, workers=c.num_workers,
         )  # fmt: skip
         self.__dict__["_rc_serving"] = serving
         app.post(FINISH_PATH)(self.finish_rollout)

@@ -179,7 +179,7 @@ class CheckpointedModelMixin:
         c = self.config
         self.__dict__["_rc_serving"] = PolicyServing(
             app, str(c.name), policy_version=c.policy_version, call_log=c.call_log, hold_file=c.hold_file,
-            hold_from_call=c.hold_from_call, hold_log=c.hold_log,
+            hold_from_call=c.hold_from_call, hold_log=c.hold_log, workers=c.num_workers,
         )  # fmt: skip
         app.post(FINISH_PATH)(self.finish_rollout)
         return app
