@@ -136,7 +136,10 @@ class RayDeployment:
         except BaseException:
             self.shutdown()
             raise
-        self._participants = [RayParticipant(self.handles[s.name], name=s.name) for s in self.specs]
+        # for a coordinator, which reads no commit reply's executions or restarts lists
+        self._participants = [
+            RayParticipant(self.handles[s.name], name=s.name, brief_commits=True) for s in self.specs
+        ]
         return self
 
     def _start(self, index: int, spec: HostSpec) -> Any:
@@ -172,7 +175,8 @@ class RayDeployment:
 
     # -- use -------------------------------------------------------------------------------------
     def participants(self) -> list[RayParticipant]:
-        """One :class:`RayParticipant` per host, in the specs' (prepare) order."""
+        """One :class:`RayParticipant` per host, in the specs' (prepare) order, with brief
+        commit replies (what a coordinator needs)."""
         return list(self._participants)
 
     def endpoints(self, timeout_s: float = 60.0) -> dict[str, str]:
