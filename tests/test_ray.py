@@ -124,7 +124,9 @@ def test_ray_participant_over_a_fake_handle_unwraps_typed_errors_and_checks_inca
 
 def test_ray_participant_sends_scopes_packed_and_asks_brief_commits_as_http_does() -> None:
     handle = type("Handle", (), {})()
-    participant = RayParticipant(handle, name="agent-0", get=_get, cancel=print, brief_commits=True)
+    participant = RayParticipant(
+        handle, name="agent-0", get=_get, cancel=lambda ref: None, brief_commits=True
+    )
     reply = CommitReply(
         checkpoint_id="c1",
         phase=Phase.COMMITTED,
