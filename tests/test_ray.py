@@ -252,9 +252,16 @@ def test_typed_errors_cross_ray_and_a_dead_actor_is_unreachable(cluster: Any, st
         assert isinstance(bad_scope.value.cause, InvalidIdentifierError)
         assert asyncio.run(participant.astatus()).incarnation == participant.status().incarnation
         ray.kill(deployment.handles["agent-2"])
-        with pytest.raises(ParticipantUnreachableError) as gone:
-            participant.status()
-        assert gone.value.code == "participant_unreachable" and isinstance(gone.value, CheckpointError)
+
+        def unreachable() -> ParticipantUnreachableError | None:
+            try:  # the kill lands asynchronously: a call sent just after it may still be answered
+                participant.status()
+            except ParticipantUnreachableError as exc:
+                return exc
+            return None
+
+        gone = _wait(unreachable, "the killed actor to be unreachable", 60)
+        assert gone.code == "participant_unreachable" and isinstance(gone, CheckpointError)
 
 
 def _available(resource: str) -> float:
