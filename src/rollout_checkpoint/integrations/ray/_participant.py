@@ -11,7 +11,9 @@ controller on an event loop. What a call becomes:
 * an SDK error raised in the actor: the same typed error (the ``RayTaskError`` unwrapped);
 * prepare, renew, commit and collect carry the incarnation last seen, and the actor refuses one
   meant for another incarnation (``participant_restarted``: Ray retried it onto the empty
-  replacement), and every reply is checked the same way here.
+  replacement), and every reply is checked the same way here;
+* scopes and retired executions travel in the HTTP routes' compact form (``rollout_id#attempt``
+  strings), and a commit answers brief when asked (``brief_commits``), as over HTTP.
 
 Control needs no HTTP token: only a holder of the actor handle (a process of the cluster) can
 call it.
