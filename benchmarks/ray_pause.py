@@ -60,8 +60,15 @@ def _coordinator(url: str, participants: list[ParticipantControl], ids: list[str
     return Coordinator(store, participants, _registry(ids), ObjectStoreTokenStore(store))
 
 
-def _summary(pauses: list[float]) -> dict[str, Any]:
-    return {"pause_ms_p50": median(pauses), "pause_ms_max": max(pauses), "pauses_ms": pauses}
+def _summary(pauses: list[float], steps: list[dict[str, float]]) -> dict[str, Any]:
+    names = sorted({name for timings in steps for name in timings})
+    return {
+        "pause_ms_p50": median(pauses),
+        "pause_ms_max": max(pauses),
+        "pauses_ms": pauses,
+        # each step's median (prepare, commit, publish, latest, resume, ...): where the pause goes
+        "steps_ms_p50": {n: round(median([t.get(n, 0.0) * 1000 for t in steps]), 1) for n in names},
+    }
 
 
 @contextlib.contextmanager
@@ -109,6 +116,7 @@ def run(ids: list[str], runs: int, work: Path) -> tuple[dict[str, Any], dict[str
         plain = _coordinator(plain_url, list(remotes), ids)
         actors = _coordinator(ray_url, list(deployment.participants()), ids)
         pauses: dict[str, list[float]] = {"processes": [], "actors": []}
+        steps: dict[str, list[dict[str, float]]] = {"processes": [], "actors": []}
         for index in range(runs):
             if index:
                 time.sleep(GAP_S)
@@ -116,9 +124,13 @@ def run(ids: list[str], runs: int, work: Path) -> tuple[dict[str, Any], dict[str
                 outcome = coordinator.checkpoint(deadline_s=600)
                 assert outcome.clean
                 pauses[name].append(outcome.pause_seconds * 1000)
+                steps[name].append(dict(outcome.timings))
         for remote in remotes:
             remote.close()
-    return _summary(pauses["processes"]), _summary(pauses["actors"])
+    return (
+        _summary(pauses["processes"], steps["processes"]),
+        _summary(pauses["actors"], steps["actors"]),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

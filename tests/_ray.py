@@ -10,7 +10,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,14 @@ def require_ray() -> None:
 
 
 @contextlib.contextmanager
-def local_cluster(worker_nodes: int = 3) -> Iterator[Any]:
+def local_cluster(
+    worker_nodes: int = 3, last_node_resources: Mapping[str, float] | None = None
+) -> Iterator[Any]:
     """A ``ray.cluster_utils.Cluster`` of a head (no CPUs: nothing is placed on it) and
-    ``worker_nodes`` nodes of one CPU, connected; Ray's files in a temporary folder, Ray's node
-    address kept on 127.0.0.1, the control token in the nodes' environment. Shut down after."""
+    ``worker_nodes`` nodes of one CPU, connected; the last one also advertises
+    ``last_node_resources`` (custom resources, as a node labelled for environments would); Ray's
+    files in a temporary folder, Ray's node address kept on 127.0.0.1, the control token in the
+    nodes' environment. Shut down after."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -77,8 +81,9 @@ def local_cluster(worker_nodes: int = 3) -> Iterator[Any]:
             },
         )
         try:
-            for _ in range(worker_nodes):
-                cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+            for index in range(worker_nodes):
+                custom = dict(last_node_resources or {}) if index == worker_nodes - 1 else {}
+                cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK, resources=custom)
             ray.init(address=cluster.address, log_to_driver=False)
             cluster.wait_for_nodes()
             yield cluster

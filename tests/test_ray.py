@@ -37,19 +37,23 @@ from rollout_checkpoint.errors import (  # noqa: E402
     InvalidArgumentError,
     InvalidIdentifierError,
 )
+from rollout_checkpoint.ids import ExecutionId  # noqa: E402
 from rollout_checkpoint.integrations.ray import (  # noqa: E402
     CheckpointControlMixin,
     HostSpec,
     RayDeployment,
     RayParticipant,
 )
-from rollout_checkpoint.protocol import Phase, PrepareReport  # noqa: E402
+from rollout_checkpoint.protocol import CommitReply, Phase, PrepareReport  # noqa: E402
 from rollout_checkpoint.registry import LiveExecutionRegistry  # noqa: E402
 from rollout_checkpoint.server import ParticipantUnreachableError  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 BUILD = "_ray_build:build"
+ENV_RESOURCE = "rc_env_node"
+"""A custom resource only the fixture's last node advertises (2 units), as nodes labelled for
+environments would."""
 
 
 def _wait(condition: Any, what: str, timeout: float = 120.0) -> Any:
@@ -118,6 +122,32 @@ def test_ray_participant_over_a_fake_handle_unwraps_typed_errors_and_checks_inca
     assert cancelled and cancelled[-1][1] is handle.control_prepare  # the task was cancelled
 
 
+def test_ray_participant_sends_scopes_packed_and_asks_brief_commits_as_http_does() -> None:
+    handle = type("Handle", (), {})()
+    participant = RayParticipant(
+        handle, name="agent-0", get=_get, cancel=lambda ref: None, brief_commits=True
+    )
+    reply = CommitReply(
+        checkpoint_id="c1",
+        phase=Phase.COMMITTED,
+        kind="agent",
+        instance="agent-0",
+        manifest_key="k",
+        manifest_sha256="0" * 64,
+        manifest_bytes=1,
+        incarnation="a" * 32,
+    )
+    handle.control_commit = _Method(reply)
+    handle.control_retire = _Method(None)
+    scope = [ExecutionId(rollout_id="r-1", attempt=0), ExecutionId(rollout_id="r-2", attempt=3)]
+    participant.commit("c1", "file:///s", time.time() + 5, scope)
+    # the compact strings of the HTTP routes' scope_ids, never pickled models; brief asked
+    assert handle.control_commit.calls[-1][3:] == (["r-1#0", "r-2#3"], None, True)
+    participant.retire(scope, time.time() + 5)
+    assert handle.control_retire.calls[-1][0] == ["r-1#0", "r-2#3"]
+    assert not RayParticipant(handle, get=_get).brief_commits  # as RemoteParticipant: asked for
+
+
 def test_the_sdk_and_the_ray_package_import_without_ray_and_say_how_to_install_it() -> None:
     script = (
         "import sys\nsys.modules['ray'] = None\nimport rollout_checkpoint\n"
@@ -139,7 +169,7 @@ def cluster() -> Iterator[Any]:
     """The one cluster of the Ray tests (they all live in this module, on one xdist worker):
     module-scoped, so it is shut down and the environment it set (``HOME``, ``RAY_TMPDIR``, the
     token) restored before that worker runs other tests."""
-    with local_cluster(worker_nodes=3) as running:
+    with local_cluster(worker_nodes=3, last_node_resources={ENV_RESOURCE: 2}) as running:
         yield running
 
 
@@ -215,11 +245,43 @@ def test_typed_errors_cross_ray_and_a_dead_actor_is_unreachable(cluster: Any, st
         with pytest.raises(DeadlineTooFarError) as too_far:
             participant.prepare("ckpt-far", time.time() + 10**7)
         assert too_far.value.code == "deadline_too_far"
+        handle = deployment.handles["agent-2"]  # a packed scope is checked in the actor, typed
+        bad = handle.control_commit.remote("ckpt-x", store, time.time() + 10, ["../up#0"], None, True)
+        with pytest.raises(RayTaskError) as bad_scope:
+            ray.get(bad, timeout=60)
+        assert isinstance(bad_scope.value.cause, InvalidIdentifierError)
         assert asyncio.run(participant.astatus()).incarnation == participant.status().incarnation
         ray.kill(deployment.handles["agent-2"])
-        with pytest.raises(ParticipantUnreachableError) as gone:
-            participant.status()
-        assert gone.value.code == "participant_unreachable" and isinstance(gone.value, CheckpointError)
+
+        def unreachable() -> ParticipantUnreachableError | None:
+            try:  # the kill lands asynchronously: a call sent just after it may still be answered
+                participant.status()
+            except ParticipantUnreachableError as exc:
+                return exc
+            return None
+
+        gone = _wait(unreachable, "the killed actor to be unreachable", 60)
+        assert gone.code == "participant_unreachable" and isinstance(gone, CheckpointError)
+
+
+def _available(resource: str) -> float:
+    return float(ray.available_resources().get(resource, 0.0))
+
+
+def test_custom_resources_place_a_host_on_the_labelled_node_with_or_without_a_group(
+    cluster: Any, store: str
+) -> None:
+    labelled = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(ENV_RESOURCE)]
+    assert len(labelled) == 1
+    alone = HostSpec("env-0", BUILD, resources={ENV_RESOURCE: 1})
+    with RayDeployment([alone], store=store, accept_unsafe_store=True) as deployment:
+        assert deployment.health()["env-0"]["node_id"] == labelled[0]
+        _wait(lambda: _available(ENV_RESOURCE) == 1, "the host to hold one unit")
+        # in a placement group, the host's bundle asks for its custom resources too
+        grouped = HostSpec("env-1", BUILD, resources={ENV_RESOURCE: 1}, settings={"RC_TEST_INSTANCE": "e1"})
+        with RayDeployment([grouped], store=store, placement="PACK", accept_unsafe_store=True) as packed:
+            assert packed.health()["env-1"]["node_id"] == labelled[0]
+            _wait(lambda: _available(ENV_RESOURCE) == 0, "the group to reserve the other unit")
 
 
 def test_a_removed_nodes_host_restarts_on_a_spare_node_and_recover_continues(
@@ -233,6 +295,8 @@ def test_a_removed_nodes_host_restarts_on_a_spare_node_and_recover_continues(
         first = coordinator.checkpoint(deadline_s=30).checkpoint_id
         victim = health["spread-0"]["node_id"]
         node = next(n for n in cluster.worker_nodes if n.node_id == victim)
+        resources = next(n["Resources"] for n in ray.nodes() if n["NodeID"] == victim)
+        custom = {ENV_RESOURCE: resources[ENV_RESOURCE]} if ENV_RESOURCE in resources else {}
         cluster.remove_node(node)
         try:
             assert _wait(lambda: deployment.check(timeout_s=180), "the move", 240) == ["spread-0"]
@@ -245,7 +309,7 @@ def test_a_removed_nodes_host_restarts_on_a_spare_node_and_recover_continues(
             coordinator.recover(deadline_s=30)
             assert coordinator.checkpoint(deadline_s=30).checkpoint_id != first
         finally:
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")  # the spare again
+            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", resources=custom)  # the spare again
 
 
 @ray.remote(max_concurrency=4)

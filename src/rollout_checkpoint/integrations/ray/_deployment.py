@@ -43,7 +43,7 @@ class HostSpec:
     """One host: ``name`` (an identifier, also its actor name), ``build``
     (``package.module:function``), ``settings`` (plain environment for the build, no secrets),
     ``workers``, ``num_cpus`` it reserves, custom ``resources``, ``node_id`` (hard affinity),
-    ``bundle`` (its placement-group bundle; default ``{"CPU": num_cpus}``), Ray's
+    ``bundle`` (its placement-group bundle; default ``{"CPU": num_cpus, **resources}``), Ray's
     ``max_restarts`` / ``max_task_retries`` and ``start_paused``."""
 
     name: str
@@ -60,6 +60,14 @@ class HostSpec:
 
     def __post_init__(self) -> None:
         validate_id(self.name, "host name")
+
+
+def _bundle(spec: HostSpec) -> dict[str, float]:
+    """A host's placement-group bundle: its own, else what the actor asks (its CPUs and custom
+    resources: an actor in a bundle must fit in it)."""
+    if spec.bundle is not None:
+        return dict(spec.bundle)
+    return {"CPU": spec.num_cpus, **spec.resources}
 
 
 def resolve_endpoint(name: str, *, namespace: str | None = None, timeout_s: float = 30.0) -> str:
@@ -120,7 +128,7 @@ class RayDeployment:
         """Place and start every host; returns once each answers (else shuts down and raises)."""
         try:
             if self.placement is not None:
-                bundles = [dict(s.bundle or {"CPU": s.num_cpus}) for s in self.specs]
+                bundles = [_bundle(s) for s in self.specs]
                 self.group = placement_group(bundles, strategy=self.placement)
                 ready = self.group.ready()
                 try:
@@ -136,7 +144,10 @@ class RayDeployment:
         except BaseException:
             self.shutdown()
             raise
-        self._participants = [RayParticipant(self.handles[s.name], name=s.name) for s in self.specs]
+        # for a coordinator, which reads no commit reply's executions or restarts lists
+        self._participants = [
+            RayParticipant(self.handles[s.name], name=s.name, brief_commits=True) for s in self.specs
+        ]
         return self
 
     def _start(self, index: int, spec: HostSpec) -> Any:
@@ -172,7 +183,8 @@ class RayDeployment:
 
     # -- use -------------------------------------------------------------------------------------
     def participants(self) -> list[RayParticipant]:
-        """One :class:`RayParticipant` per host, in the specs' (prepare) order."""
+        """One :class:`RayParticipant` per host, in the specs' (prepare) order, with brief
+        commit replies (what a coordinator needs)."""
         return list(self._participants)
 
     def endpoints(self, timeout_s: float = 60.0) -> dict[str, str]:

@@ -20,6 +20,7 @@ the ``quick`` group.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import socket
@@ -35,7 +36,7 @@ import ray
 import uvicorn
 
 from ...errors import InvalidArgumentError, ParticipantRestartedError
-from ...ids import ExecutionId
+from ...ids import unpack_executions
 from ...protocol import (
     Capabilities,
     CommitReply,
@@ -164,6 +165,7 @@ class ParticipantHost:
                 build, secret, port, workers, paused, accept_unsafe_store
             )
         self._rc_incarnation = self._rc_participant.status().incarnation
+        self._rc_briefable = "brief" in inspect.signature(self._rc_participant.commit).parameters
 
     # -- serving ---------------------------------------------------------------------------------
     def _serve_thread(self, build: str, token: str, port: int, paused: bool) -> ParticipantControl:
@@ -324,11 +326,24 @@ class ParticipantHost:
         checkpoint_id: str,
         store: str,
         deadline: float,
-        scope: Sequence[ExecutionId] | None = None,
+        scope_ids: Sequence[str] | None = None,
         expect: str | None = None,
+        brief: bool = False,
     ) -> CommitReply:
+        """``scope_ids``: the scope in the HTTP routes' compact form (``rollout_id#attempt``
+        strings, checked in one pass); ``brief``: answer without the executions and restarts
+        lists (the coordinator reads neither), as the HTTP route's ``brief``."""
         self._expect(expect, "commit")
-        return self._rc_participant.commit(checkpoint_id, self._store(store), deadline, scope)
+        scope = None if scope_ids is None else unpack_executions(scope_ids, "scope_ids")
+        target = self._store(store)
+        if brief and self._rc_briefable:  # a worker group: the lists never cross its hop either
+            commit: Any = self._rc_participant.commit
+            reply: CommitReply = commit(checkpoint_id, target, deadline, scope, brief=True)
+        else:
+            reply = self._rc_participant.commit(checkpoint_id, target, deadline, scope)
+        if brief:
+            reply = reply.model_copy(update={"executions": (), "restarts": ()})
+        return reply
 
     @ray.method(concurrency_group="control")
     def control_restore(
@@ -337,8 +352,9 @@ class ParticipantHost:
         source_checkpoint_id: str,
         store: str,
         deadline: float,
-        scope: Sequence[ExecutionId] | None = None,
+        scope_ids: Sequence[str] | None = None,
     ) -> RestoreReply:
+        scope = None if scope_ids is None else unpack_executions(scope_ids, "scope_ids")
         return self._rc_participant.restore(
             checkpoint_id, source_checkpoint_id, self._store(store), deadline, scope
         )
@@ -352,8 +368,9 @@ class ParticipantHost:
         return self._rc_participant.abort_restore(checkpoint_id, deadline)
 
     @ray.method(concurrency_group="quick")
-    def control_retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
-        self._rc_participant.retire(executions, deadline)
+    def control_retire(self, executions: Sequence[str], deadline: float) -> None:
+        """``executions`` in the compact form (``rollout_id#attempt`` strings)."""
+        self._rc_participant.retire(unpack_executions(executions, "executions"), deadline)
 
     @ray.method(concurrency_group="quick")
     def control_forget(self, rollout_ids: Sequence[str]) -> None:

@@ -11,7 +11,9 @@ controller on an event loop. What a call becomes:
 * an SDK error raised in the actor: the same typed error (the ``RayTaskError`` unwrapped);
 * prepare, renew, commit and collect carry the incarnation last seen, and the actor refuses one
   meant for another incarnation (``participant_restarted``: Ray retried it onto the empty
-  replacement), and every reply is checked the same way here.
+  replacement), and every reply is checked the same way here;
+* scopes and retired executions travel in the HTTP routes' compact form (``rollout_id#attempt``
+  strings), and a commit answers brief when asked (``brief_commits``), as over HTTP.
 
 Control needs no HTTP token: only a holder of the actor handle (a process of the cluster) can
 call it.
@@ -28,7 +30,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from ...errors import CheckpointError, ParticipantRestartedError
-from ...ids import ExecutionId
+from ...ids import ExecutionId, pack_executions
 from ...protocol import (
     Capabilities,
     CommitReply,
@@ -57,7 +59,12 @@ class RayParticipant:
     ``default_timeout_s``: for the calls without a deadline (``status``, ``forget``).
     ``answer_margin_s``: how long past a deadline to wait for the answer before cancelling.
     ``get`` / ``cancel``: how a reference is awaited and cancelled (``ray.get`` / ``ray.cancel``;
-    a test passes its own).
+    a test passes its own). ``brief_commits``: every commit asks for a brief reply (no executions
+    and restarts lists, which are in the committed manifest's ``extra``), for a caller that does
+    not read them: the coordinator never does (:class:`RayDeployment` sets it).
+
+    What travels is what the HTTP routes send (``docs/ray.md``, "What a call costs"): scopes and
+    retired executions as compact ``rollout_id#attempt`` strings, not lists of models.
     """
 
     def __init__(
@@ -70,8 +77,10 @@ class RayParticipant:
         clock: Callable[[], float] = time.time,
         get: Callable[..., Any] | None = None,
         cancel: Callable[[Any], Any] | None = None,
+        brief_commits: bool = False,
     ) -> None:
         self.handle = handle
+        self.brief_commits = brief_commits
         self._get = get if get is not None else ray.get
         self._cancel = cancel if cancel is not None else ray.cancel
         self._name = name
@@ -190,10 +199,12 @@ class RayParticipant:
         store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
+        *,
+        brief: bool = False,
     ) -> CommitReply:
+        """``brief``: answer without the executions and restarts lists (see the class doc)."""
         known = self._incarnation
-        scoped = None if scope is None else list(scope)
-        args = (checkpoint_id, _url(store), deadline, scoped, known)
+        args = (checkpoint_id, _url(store), deadline, _packed(scope), known, brief or self.brief_commits)
         reply: CommitReply = self._call("control_commit", deadline, *args)
         return self._observe(reply, known, "commit")
 
@@ -205,8 +216,7 @@ class RayParticipant:
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
     ) -> RestoreReply:
-        scoped = None if scope is None else list(scope)
-        args = (checkpoint_id, source_checkpoint_id, _url(store), deadline, scoped)
+        args = (checkpoint_id, source_checkpoint_id, _url(store), deadline, _packed(scope))
         reply: RestoreReply = self._call("control_restore", deadline, *args)
         self._incarnation = reply.incarnation  # a restore installs into whichever incarnation answers
         return reply
@@ -222,7 +232,7 @@ class RayParticipant:
         return reply
 
     def retire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
-        batch = list(executions)
+        batch = pack_executions(executions)
         if batch:
             self._call("control_retire", deadline, batch, deadline)
 
@@ -247,10 +257,11 @@ class RayParticipant:
         store: str | ObjectStore,
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
+        *,
+        brief: bool = False,
     ) -> CommitReply:
         known = self._incarnation
-        scoped = None if scope is None else list(scope)
-        args = (checkpoint_id, _url(store), deadline, scoped, known)
+        args = (checkpoint_id, _url(store), deadline, _packed(scope), known, brief or self.brief_commits)
         reply: CommitReply = await self._acall("control_commit", deadline, *args)
         return self._observe(reply, known, "commit")
 
@@ -262,8 +273,7 @@ class RayParticipant:
         deadline: float,
         scope: Sequence[ExecutionId] | None = None,
     ) -> RestoreReply:
-        scoped = None if scope is None else list(scope)
-        args = (checkpoint_id, source_checkpoint_id, _url(store), deadline, scoped)
+        args = (checkpoint_id, source_checkpoint_id, _url(store), deadline, _packed(scope))
         reply: RestoreReply = await self._acall("control_restore", deadline, *args)
         self._incarnation = reply.incarnation
         return reply
@@ -274,10 +284,16 @@ class RayParticipant:
         return reply
 
     async def aretire(self, executions: Sequence[ExecutionId], deadline: float) -> None:
-        batch = list(executions)
+        batch = pack_executions(executions)
         if batch:
             await self._acall("control_retire", deadline, batch, deadline)
 
 
 def _url(store: str | ObjectStore) -> str:
     return store if isinstance(store, str) else store.url
+
+
+def _packed(scope: Sequence[ExecutionId] | None) -> list[str] | None:
+    """A scope in the compact form of the HTTP routes' ``scope_ids``: one short string per
+    execution pickles and unpickles in a fraction of what a list of models costs."""
+    return None if scope is None else pack_executions(scope)
