@@ -27,7 +27,10 @@ class UnauditedMultiTurnEnv(GymnasiumServer):
 
     reset = ExampleMultiTurnEnv.reset
     step = ExampleMultiTurnEnv.step
-    _cleanup_session = ExampleMultiTurnEnv._cleanup_session
+
+    def _cleanup_session(self, session_id: str | None) -> None:
+        self.session_turns.pop(session_id or "", None)
+        self.session_state.pop(session_id, None)
 
 
 CheckpointedCounter: Any = checkpointed(StatefulCounterResourcesServer)
