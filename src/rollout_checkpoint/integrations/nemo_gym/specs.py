@@ -55,8 +55,10 @@ class SessionSpec:
 
     ``state_attr`` names the server's dict ``{session cookie id: state}``; ``codec`` encodes one
     value of it. ``open_routes`` and ``mutate_routes`` run under the session's lock and admission
-    (closed during a checkpoint's prepare, parked until resume); ``read_routes`` only need a
-    current attempt; ``close_routes`` end the session after they answer. A route in no set is
+    (closed during a checkpoint's prepare, parked until resume); ``read_routes`` too, without
+    a new revision, and the server's entry is compared before and after (a read that drops it
+    ends the session, one that changes it makes the rollout ``fresh_dispatch``, each logged
+    with the route); ``close_routes`` end the session after they answer. A route in no set is
     served as Gym serves it (no identity needed) unless ``strict`` (the default), which treats
     every other POST as a mutation.
     """
