@@ -437,8 +437,7 @@ _CHECKPOINTED_MARK = "__rollout_checkpoint_attached__"
 
 
 def is_checkpointed(server_class: type) -> bool:
-    """Whether ``server_class`` already attaches a participant (made by :func:`checkpointed`,
-    or one of the SDK's checkpointed Gym classes)."""
+    """Whether ``server_class`` already attaches a participant (made by :func:`checkpointed`)."""
     return bool(getattr(server_class, _CHECKPOINTED_MARK, False))
 
 
