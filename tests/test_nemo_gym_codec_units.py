@@ -20,7 +20,6 @@ require_gym()
 from resources_servers.example_session_state_mgmt.app import StatefulCounterResourcesServer  # noqa: E402
 from resources_servers.workplace_assistant.app import WorkbenchResourcesServer  # noqa: E402
 from resources_servers.workplace_assistant.utils import get_tools  # noqa: E402
-from responses_api_agents.gymnasium_agent.app import GymnasiumAgent  # noqa: E402
 
 from _gym_specs import WORKPLACE_VERIFY_AS_READ  # noqa: E402
 from rollout_checkpoint.errors import InvalidArgumentError, InvalidRecordError  # noqa: E402
@@ -33,7 +32,6 @@ from rollout_checkpoint.integrations.nemo_gym import (  # noqa: E402
     is_checkpointed,
 )
 from rollout_checkpoint.integrations.nemo_gym.codecs import JsonEnvironmentCodec, MultiTurnCodec  # noqa: E402
-from rollout_checkpoint.integrations.nemo_gym.model import ScriptedResponsesModel  # noqa: E402
 
 TOOLKITS = ["email", "calendar", "analytics", "project_management", "customer_relationship_manager"]
 
@@ -159,21 +157,33 @@ def test_attaching_twice_or_checkpointing_a_checkpointed_class_is_refused(tmp_pa
         checkpointed(once)
 
 
+def _gym_class(ref: str) -> Any:
+    import importlib
+
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @pytest.mark.parametrize(
-    ("cls", "names"),
+    ("ref", "names"),
     [
-        (GymnasiumAgent, "CheckpointedGymnasiumAgent"),
-        (GymnasiumAgent, "CheckpointedSimpleAgent"),
-        (ScriptedResponsesModel, "checkpointed policy model server"),
+        ("responses_api_agents.gymnasium_agent.app:GymnasiumAgent", "CheckpointedGymnasiumAgent"),
+        ("responses_api_agents.simple_agent.app:SimpleAgent", "CheckpointedSimpleAgent"),
+        ("responses_api_models.openai_model.app:SimpleModelServer", "checkpointed policy model server"),
+        (
+            "rollout_checkpoint.integrations.nemo_gym.model:ScriptedResponsesModel",
+            "checkpointed policy model server",
+        ),
     ],
 )
 def test_agents_and_model_servers_are_refused_naming_what_checkpoints_them(
-    tmp_path: Path, cls: Any, names: str
+    tmp_path: Path, ref: str, names: str
 ) -> None:
+    cls = _gym_class(ref)
     with pytest.raises(InvalidArgumentError, match=names):
         checkpointed(cls)
     with pytest.raises(InvalidArgumentError, match=names):
-        attach(cls.model_construct(), object(), token="t" * 32, store=str(tmp_path))
+        attach(cls.__new__(cls), object(), token="t" * 32, store=str(tmp_path))  # refused by its class
 
 
 def test_a_read_route_that_drops_the_session_ends_it_with_a_warning_naming_the_route(
