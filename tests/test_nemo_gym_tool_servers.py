@@ -339,11 +339,14 @@ def test_the_launcher_refuses_an_agent_or_model_class_naming_what_to_use(
     assert done.returncode == 2 and len(lines) == 1 and names in lines[0], done.stderr
 
 
-def test_the_launcher_takes_a_custom_spec_and_a_misdeclared_read_fails_closed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_launcher_takes_a_custom_spec_and_a_misdeclared_read_fails_closed(
+    tmp_path: Path, workers: int
+) -> None:
     bad = _launch(
         tmp_path,
         "resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
-        1,
+        workers,
         "--spec",
         "_gym_specs:NOT_THERE",
     )
@@ -352,7 +355,7 @@ def test_the_launcher_takes_a_custom_spec_and_a_misdeclared_read_fails_closed(tm
         store=str(tmp_path / "store"),
         workdir=tmp_path / "servers",
         resources_class="resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
-        observability=False,
+        workers=workers,
         extra_env=TESTS_PATH,
     )
     dep = GymDeployment(servers)
@@ -375,15 +378,15 @@ def test_the_launcher_takes_a_custom_spec_and_a_misdeclared_read_fails_closed(tm
         )
     try:
         dep.wait_ready("resources")
-        a, b = {"rollout_id": "c1", "attempt": 0}, {"rollout_id": "c2", "attempt": 0}
+        url = dep.url("resources")
         with (
-            httpx.Client(base_url=dep.url("resources"), timeout=60, trust_env=False) as one,
-            httpx.Client(base_url=dep.url("resources"), timeout=60, trust_env=False) as two,
+            httpx.Client(base_url=f"{url}/ng-rollout/c1", timeout=60, trust_env=False) as one,
+            httpx.Client(base_url=f"{url}/ng-rollout/c2", timeout=60, trust_env=False) as two,
         ):
-            assert one.post("/seed_session", json={"initial_count": 3, "episode_id": a}).status_code == 200
-            assert two.post("/seed_session", json={"initial_count": 5, "episode_id": b}).status_code == 200
+            assert one.post("/seed_session", json={"initial_count": 3}).status_code == 200
+            assert two.post("/seed_session", json={"initial_count": 5}).status_code == 200
             # declared a read, but it changes c1's counter: c1 must restart from its input
-            assert one.post("/increment_counter", json={"count": 2, "episode_id": a}).status_code == 200
+            assert one.post("/increment_counter", json={"count": 2}).status_code == 200
             reply = _checkpoint(dep, "ck-mis")
             assert [(e.rollout_id, e.attempt) for e in reply.executions] == [("c2", 0)]
             assert [(e.rollout_id, e.attempt) for e in reply.restarts] == [("c1", 0)]
