@@ -146,9 +146,9 @@ def test_workplace_assistant_dataframes_survive_a_sigkill_and_later_tools_answer
             for n, (name, args) in enumerate(BEFORE, start=1):
                 assert _tool(client, f"{url}/ng-rollout/w1", name, args).headers["x-rc-revision"] == str(n)
             reply = _checkpoint(dep, "ck-wa")
-            assert [(e.rollout_id, e.attempt) for e in reply.executions] == [
-                ("w1", 0)
-            ] and reply.restarts == ()
+            assert [(e.rollout_id, e.attempt) for e in reply.executions] == [("w1", 0)]
+            assert reply.restarts == ()
+            _assert_stored_as_parquet(dep, reply)
             for name, args in LOST:  # after the checkpoint: lost in the crash
                 _tool(client, f"{url}/ng-rollout/w1", name, args)
             assert _crash_and_restore(dep, "ck-wa") == [("w1", 1)]
@@ -163,6 +163,20 @@ def test_workplace_assistant_dataframes_survive_a_sigkill_and_later_tools_answer
             assert gone.status_code == 409 and gone.json()["error"]["code"] == "unknown_execution"
     finally:
         dep.stop()
+
+
+def _assert_stored_as_parquet(dep: GymDeployment, reply: CommitReply) -> None:
+    """The archive holds the session as a binary snapshot whose state is Parquet files."""
+    from rollout_checkpoint.format import ArchiveReader
+    from rollout_checkpoint.format.binary_payloads import MAGIC
+
+    assert reply.manifest_key is not None
+    reader = ArchiveReader.open(open_store(dep.servers.store), reply.manifest_key.rsplit("/", 1)[0])
+    [raw] = list(reader.iter_raw("resource_snapshot"))
+    assert raw.payload.startswith(MAGIC)
+    [record] = list(reader.iter_records("resource_snapshot"))
+    head, _, frames = record.state.partition(b"\n")
+    assert frames.startswith(b"PAR1") and json.loads(head)["format"] == "nemo-gym-workplace-parquet-1"
 
 
 def _verify_body() -> dict[str, Any]:
