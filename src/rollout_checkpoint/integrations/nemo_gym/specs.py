@@ -141,7 +141,8 @@ WORKPLACE_ASSISTANT = SessionSpec(
     open_routes=frozenset({"/seed_session"}),
     # every tool is a POST /<tool name> (a catch-all route): strict makes each a mutation
     mutate_routes=frozenset(),
-    close_routes=frozenset({"/verify"}),  # Gym's verify pops the session
+    # Gym's verify pops the session; /close_session (Gym's base route) ends it too
+    close_routes=frozenset({"/verify", "/close_session"}),
 )
 
 INDIRECT_PROMPT_INJECTION = SessionSpec(
@@ -151,7 +152,8 @@ INDIRECT_PROMPT_INJECTION = SessionSpec(
     codec=JsonEnvironmentCodec("nemo-gym-ipi-env-v1"),
     open_routes=frozenset({"/seed_session"}),
     mutate_routes=frozenset(),  # every tool is a POST /<tool name> (a catch-all route)
-    close_routes=frozenset({"/verify"}),  # Gym's verify pops the session
+    # Gym's verify pops the session; /close_session (Gym's base route) ends it too
+    close_routes=frozenset({"/verify", "/close_session"}),
 )
 
 BUILTIN_SPECS: tuple[SessionSpec, ...] = (
