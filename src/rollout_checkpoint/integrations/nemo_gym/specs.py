@@ -1,7 +1,8 @@
 """Which routes of a Gym resources server open, mutate, read and close a session, where its
 per-session state lives, and how it is encoded: a :class:`SessionSpec` per server class.
 
-Built-in specs cover Gym's ``blackjack``, ``wordle`` and ``example_session_state_mgmt`` as
+Built-in specs cover Gym's ``blackjack``, ``wordle``, ``example_session_state_mgmt``,
+``example_multi_turn_gymnasium``, ``workplace_assistant`` and ``indirect_prompt_injection`` as
 they are in the Gym version tested (:data:`GYM_VERSION_TESTED`); on another Gym version, or for
 any other server, :func:`spec_for` answers ``None`` and the server is checkpointed
 ``restart_only`` (fail closed: its rollouts are dispatched afresh, never continued from state
@@ -17,15 +18,19 @@ from importlib import metadata
 from typing import Any
 
 from ...participants import StateCodec
-from .codecs import BlackjackCodec, CounterCodec, WordleCodec
+from .codecs import BlackjackCodec, CounterCodec, JsonEnvironmentCodec, MultiTurnCodec, WordleCodec
+from .workplace import WorkplaceAssistantCodec
 
 __all__ = [
     "BLACKJACK",
     "BUILTIN_SPECS",
     "COUNTER",
     "GYM_VERSION_TESTED",
+    "INDIRECT_PROMPT_INJECTION",
+    "MULTI_TURN",
     "RESTART_ONLY_CLOSE_ROUTES",
     "WORDLE",
+    "WORKPLACE_ASSISTANT",
     "SessionSpec",
     "gym_version",
     "spec_for",
@@ -50,8 +55,10 @@ class SessionSpec:
 
     ``state_attr`` names the server's dict ``{session cookie id: state}``; ``codec`` encodes one
     value of it. ``open_routes`` and ``mutate_routes`` run under the session's lock and admission
-    (closed during a checkpoint's prepare, parked until resume); ``read_routes`` only need a
-    current attempt; ``close_routes`` end the session after they answer. A route in no set is
+    (closed during a checkpoint's prepare, parked until resume); ``read_routes`` too, without
+    a new revision, and the server's entry is compared before and after (a read that drops it
+    ends the session, one that changes it makes the rollout ``fresh_dispatch``, each logged
+    with the route); ``close_routes`` end the session after they answer. A route in no set is
     served as Gym serves it (no identity needed) unless ``strict`` (the default), which treats
     every other POST as a mutation.
     """
@@ -114,7 +121,49 @@ COUNTER = SessionSpec(
     close_routes=frozenset({"/close_session"}),
 )
 
-BUILTIN_SPECS: tuple[SessionSpec, ...] = (BLACKJACK, WORDLE, COUNTER)
+MULTI_TURN = SessionSpec(
+    name="example_multi_turn_gymnasium",
+    server_class="resources_servers.example_multi_turn_gymnasium.app:ExampleMultiTurnEnv",
+    # its state is the follow-up count in session_turns (session_state stays empty); a terminal
+    # /step drops it (Gym's close_session), which ends the session
+    state_attr="session_turns",
+    codec=MultiTurnCodec(),
+    open_routes=frozenset({"/reset"}),
+    mutate_routes=frozenset({"/step"}),
+    close_routes=frozenset({"/close"}),
+)
+
+WORKPLACE_ASSISTANT = SessionSpec(
+    name="workplace_assistant",
+    server_class="resources_servers.workplace_assistant.app:WorkbenchResourcesServer",
+    state_attr="session_id_to_tool_env",
+    codec=WorkplaceAssistantCodec(),
+    open_routes=frozenset({"/seed_session"}),
+    # every tool is a POST /<tool name> (a catch-all route): strict makes each a mutation
+    mutate_routes=frozenset(),
+    # Gym's verify pops the session; /close_session (Gym's base route) ends it too
+    close_routes=frozenset({"/verify", "/close_session"}),
+)
+
+INDIRECT_PROMPT_INJECTION = SessionSpec(
+    name="indirect_prompt_injection",
+    server_class="resources_servers.indirect_prompt_injection.app:IPIResourcesServer",
+    state_attr="session_id_to_env",
+    codec=JsonEnvironmentCodec("nemo-gym-ipi-env-v1"),
+    open_routes=frozenset({"/seed_session"}),
+    mutate_routes=frozenset(),  # every tool is a POST /<tool name> (a catch-all route)
+    # Gym's verify pops the session; /close_session (Gym's base route) ends it too
+    close_routes=frozenset({"/verify", "/close_session"}),
+)
+
+BUILTIN_SPECS: tuple[SessionSpec, ...] = (
+    BLACKJACK,
+    WORDLE,
+    COUNTER,
+    MULTI_TURN,
+    WORKPLACE_ASSISTANT,
+    INDIRECT_PROMPT_INJECTION,
+)
 
 
 def gym_version() -> str | None:
