@@ -16,13 +16,20 @@ import pytest
 
 from rollout_checkpoint.archive import ArchiveStateError, ArchiveWriter
 from rollout_checkpoint.errors import (
+    IntegrityError,
     InvalidIdentifierError,
     InvalidRecordError,
     ObjectNotFoundError,
     StoreError,
 )
 from rollout_checkpoint.format import ArchiveReader
-from rollout_checkpoint.format.records import AgentBoundaryRecord, DispatchRecord, Record
+from rollout_checkpoint.format.binary_payloads import MAGIC, binary_payload
+from rollout_checkpoint.format.records import (
+    AgentBoundaryRecord,
+    DispatchRecord,
+    Record,
+    ResourceSnapshotRecord,
+)
 from rollout_checkpoint.store import LocalStore, MemoryStore, ObjectStore
 
 PREFIX = "checkpoints/c/components/agent/a0"
@@ -189,6 +196,46 @@ def test_a_duplicate_of_an_earlier_member_is_refused_at_commit() -> None:
         writer.commit()
     with pytest.raises(ObjectNotFoundError):
         ArchiveReader.open(store, PREFIX)
+
+
+def test_iter_dicts_gives_a_binary_payload_as_its_json_form_and_damage_as_integrity_error() -> None:
+    """A resource snapshot stored in the binary form (docs/format.md) reads, through
+    iter_dicts, as the dict its JSON form parses to, beside JSON members of the same row group;
+    a payload that is neither is damage, never skipped."""
+    store = MemoryStore(f"bulk-binary-{uuid.uuid4().hex}")
+    snaps = [
+        ResourceSnapshotRecord(
+            rollout_id=f"r{i}",
+            attempt=0,
+            session_id=f"s{i}",
+            revision=i,
+            codec="c",
+            state=bytes([251, 255, i]),
+        )
+        for i in range(6)
+    ]
+    writer = new_writer(store)
+    for i, rec in enumerate(snaps):
+        if i % 2:
+            writer.write(rec)  # JSON
+        else:
+            header = {k: v for k, v in rec.model_dump(mode="json").items() if k != "state"}
+            payload = binary_payload("resource_snapshot", header, rec.state)
+            writer.write_raw(
+                rec.kind, rec.rollout_id, rec.attempt, rec.record_key, payload, revision=rec.revision
+            )
+    writer.commit()
+    reader = ArchiveReader.open(store, PREFIX)
+    assert list(reader.iter_records()) == snaps
+    assert list(reader.iter_dicts()) == [json.loads(rec.to_payload()) for rec in snaps]
+
+    damaged = MemoryStore(f"bulk-binary-bad-{uuid.uuid4().hex}")
+    writer = new_writer(damaged)
+    writer.write(snaps[1])
+    writer.write_raw("resource_snapshot", "r9", 0, "s9", MAGIC + b"\x00\x00\xff\xff{}")
+    writer.commit()
+    with pytest.raises(IntegrityError, match="neither JSON nor a valid binary payload"):
+        list(ArchiveReader.open(damaged, PREFIX).iter_dicts())
 
 
 def test_write_records_refuses_what_is_not_json() -> None:

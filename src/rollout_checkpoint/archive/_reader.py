@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
+from ._binary import binary_payload_dict, is_binary_payload
 from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute, int64_array, scalar
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
@@ -318,26 +319,24 @@ class RawArchiveReader(ReferringArchive):
 
     def iter_dicts(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
         """Every payload parsed into a dict (orjson), without building record models: the fast
-        way to read a whole archive. Same checks and order as :meth:`iter_raw`."""
+        way to read a whole archive. Same checks and order as :meth:`iter_raw`. A binary
+        payload (docs/format.md, "Binary payloads") gives the dict of its JSON form (its raw
+        field as URL-safe base64, as JSON payloads carry ``bytes``)."""
         loads = orjson.loads
-        for table, key in self._row_groups(kind, ["payload"]):
+        for table, key in self._row_groups(kind, ["kind", "payload"]):
+            payloads = table.column("payload").to_pylist()
             try:
-                yield from map(loads, table.column("payload").to_pylist())
-            except orjson.JSONDecodeError as exc:
-                raise IntegrityError(
-                    f"{key}: a payload is not JSON: {exc}", key=key, problem="invalid"
-                ) from None
+                dicts = list(map(loads, payloads))
+            except orjson.JSONDecodeError:
+                # a binary payload (docs/format.md, "Binary payloads") or a damaged one: this
+                # row group again, one payload at a time (the fast path above stays one map)
+                kinds = table.column("kind").to_pylist()
+                dicts = [_payload_dict(k, p, key) for k, p in zip(kinds, payloads, strict=True)]
+            yield from dicts
         refs = self.references(kind)
         if refs:
             for raw in self._resolver().read(refs):
-                try:
-                    yield loads(raw.payload)
-                except orjson.JSONDecodeError as exc:
-                    raise IntegrityError(
-                        f"{self.prefix}: a referenced payload is not JSON: {exc}",
-                        key=self.prefix,
-                        problem="invalid",
-                    ) from None
+                yield _payload_dict(raw.kind, raw.payload, self.prefix)
 
     def get_raw(self, kind: str, rollout_id: str, attempt: int, key: str) -> RawRecord:
         """One member: the cached index plus exactly one ranged GET of its row group."""
@@ -412,3 +411,19 @@ class RawArchiveReader(ReferringArchive):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store!r}, {self.prefix!r})"
+
+
+def _payload_dict(kind: str, payload: bytes, key: str) -> dict[str, Any]:
+    """One payload as :meth:`ArchiveReader.iter_dicts` gives it: JSON parsed, a binary payload
+    as the dict of its JSON form; anything else is damage (``IntegrityError``)."""
+    try:
+        if is_binary_payload(payload):
+            return binary_payload_dict(kind, payload)
+        parsed: dict[str, Any] = orjson.loads(payload)
+        return parsed
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise IntegrityError(
+            f"{key}: a {kind} payload is neither JSON nor a valid binary payload: {exc}",
+            key=key,
+            problem="invalid",
+        ) from None
