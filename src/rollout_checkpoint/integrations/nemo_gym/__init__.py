@@ -7,7 +7,11 @@
 * :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
   resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
-  the policy model.
+  the policy model;
+* :class:`GymDeployment` - checkpointed Gym servers as processes from a Gym config (start,
+  start paused, kill, supervise, recover); :func:`component_root` - the Gym component root
+  (``ng_run --search-dir``) whose generic ``app.py`` serves ``checkpoint_class: module:Class``;
+  :class:`GymLauncher` - the SDK launcher: restarts only a dead server, paused.
 
 Gym is imported only when one of these names is first used (module ``__getattr__``), so
 ``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
@@ -22,6 +26,17 @@ from typing import Any
 __all__ = [
     "BLACKJACK",
     "BUILTIN_SPECS",
+    "BlackjackDeployment",
+    "GymDeployment",
+    "GymLauncher",
+    "GymServer",
+    "GymServers",
+    "ScenarioResult",
+    "component_root",
+    "free_port",
+    "gym_servers",
+    "load_gym_config",
+    "run_scenario",
     "COUNTER",
     "GYM_VERSION_TESTED",
     "WORDLE",
@@ -50,6 +65,17 @@ _WHERE = {
     "checkpointed": ".resources",
     "CheckpointedGymnasiumAgent": ".agent",
     "ScriptedResponsesModel": ".model",
+    "GymDeployment": ".deployment",
+    "GymServer": ".deployment",
+    "free_port": ".deployment",
+    "gym_servers": ".deployment",
+    "component_root": ".component",
+    "GymLauncher": ".launcher",
+    "load_gym_config": ".launcher",
+    "BlackjackDeployment": ".scenario",
+    "GymServers": ".scenario",
+    "ScenarioResult": ".scenario",
+    "run_scenario": ".scenario",
 }
 
 INSTALL_HINT = (
