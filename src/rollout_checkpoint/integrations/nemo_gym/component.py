@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,16 @@ from ...errors import InvalidValueError
 from ...server import ServedApp, WorkerContext, run_server
 from .resources import attach, checkpointed
 
-__all__ = ["FOLDER", "ServerSettings", "component_root", "load_object", "main", "server_settings"]
+__all__ = [
+    "FOLDER",
+    "SERVER_TYPES",
+    "ServerSettings",
+    "component_root",
+    "layered_server_venvs",
+    "load_object",
+    "main",
+    "server_settings",
+]
 
 FOLDER = "checkpointed"
 _ROLE_OF_TYPE = {
@@ -51,6 +61,48 @@ def component_root() -> Path:
     """The folder to add to Gym's component search roots (``--search-dir`` /
     ``NEMO_GYM_EXTRA_ROOTS``): it holds ``<server type>/checkpointed/``."""
     return Path(str(resources.files(__package__) / "gym_root"))
+
+
+SERVER_TYPES = tuple(_ROLE_OF_TYPE)
+
+
+def layered_server_venvs(
+    uv_venv_dir: str | Path, config: Mapping[str, Any] | None = None, python: str | None = None
+) -> list[Path]:
+    """Pre-built per-server environments for ``ng_run`` that reuse the current one.
+
+    ``ng_run`` runs each server from ``<uv_venv_dir>/<server type>/<folder>/.venv`` and, with
+    ``skip_venv_if_present: true``, installs nothing when that environment exists. This makes one
+    for every server folder of the Gym ``config`` (default: the component root's folders and
+    Gym's ``environment_servers/legacy_agent``): a virtual environment (no pip) whose
+    ``site-packages`` adds this environment's (the SDK, Gym and their dependencies), so
+    ``ng_run`` starts in seconds and offline. Returns the environments' folders."""
+    import site
+    import subprocess
+
+    if config is None:
+        folders = [(t, FOLDER) for t in SERVER_TYPES] + [("environment_servers", "legacy_agent")]
+    else:
+        folders = []
+        for value in config.values():
+            if isinstance(value, Mapping) and len(value) == 1:
+                server_type, inner = next(iter(value.items()))
+                if isinstance(inner, Mapping) and len(inner) == 1:
+                    folder, conf = next(iter(inner.items()))
+                    if isinstance(conf, Mapping) and "entrypoint" in conf:
+                        folders.append((str(server_type), str(folder)))
+    exe = python or sys.executable
+    parents = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    made = []
+    for server_type, folder in dict.fromkeys(folders):
+        target = Path(uv_venv_dir) / server_type / folder / ".venv"
+        if not (target / "bin" / "python").exists():
+            subprocess.run([exe, "-m", "venv", "--without-pip", str(target)], check=True)
+        lib = target / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in parents)
+        (lib / "_rollout_checkpoint_parent.pth").write_text(lines)
+        made.append(target)
+    return made
 
 
 def load_object(spec: str, what: str = "a server class") -> Any:
