@@ -65,6 +65,19 @@ def test_a_killed_gym_server_is_restored_and_every_rollout_ends_as_if_uninterrup
     assert result.summary["killed"] == kill
 
 
+@pytest.mark.parametrize("kill", ["resources", "agent", "model"])
+def test_under_the_launcher_only_the_killed_server_restarts_paused_and_recover_loses_nothing(
+    tmp_path: Path, kill: str
+) -> None:
+    # the deployment's supervisor (GymLauncher's loop) notices the SIGKILL and restarts that
+    # server alone, paused; Coordinator.recover() then restores survivors and replacement
+    result = run_scenario(_servers(tmp_path), rollouts=3, kill=kill, supervised=True)
+    _assert_correct(result.summary, result.failures, 3)
+    name = {"resources": "blackjack", "agent": "blackjack_agent", "model": "policy_model"}[kill]
+    assert result.summary["restarted"] == [name]  # only the dead server, once
+    assert result.summary["replacement_accepting"] is False  # it admitted nothing before the restore
+
+
 def test_the_example_survives_a_killed_model_server_and_reports_one_json_object(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     out = subprocess.run(
