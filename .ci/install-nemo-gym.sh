@@ -10,7 +10,7 @@
 # dependency and pip picks a scipy source build), so the wheel goes in with --no-deps and its
 # serving dependencies are installed normally. Why the odd ones: `wandb` (imported at module
 # level by nemo_gym.reward_profile), `ray` (nemo_gym.global_config reads its installed version;
-# ray itself is never started), `anthropic` (the model-server base converts Messages requests),
+# the SDK's servers never start ray; Gym's `ng_run` starts a local cluster), `anthropic` (the model-server base converts Messages requests),
 # `yappi`, `pydot`, `pandas`, `scipy` (imported at module level), `devtools` and `psutil` (Gym's
 # CLI, `ng_run` / `ng_collect_rollouts` / `gym`, imports them). On Python >= 3.13.14 use
 # `pip install 'rollout-checkpoint[nemo-gym]'` instead.
