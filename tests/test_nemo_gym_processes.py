@@ -305,7 +305,9 @@ def test_the_launcher_process_serves_a_gym_config_and_restarts_only_a_killed_ser
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_CHECKPOINT_", "NEMO_GYM_"))}
     env["TMPDIR"] = str(tmp_path)
     with open(tmp_path / "launcher.log", "wb") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(  # cwd: Hydra writes its outputs/ there
+            args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     state_path = workdir / "launcher.json"
     try:
         _wait_until(lambda: state_path.exists() or proc.poll() is not None, timeout=120)
