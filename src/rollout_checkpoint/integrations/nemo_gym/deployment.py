@@ -80,7 +80,8 @@ class GymServer:
 
     @property
     def role(self) -> str:
-        return ROLE_OF_TYPE[self.server_type]
+        """``resources``, ``agent`` or ``model``; another server type's name for Gym's own servers."""
+        return ROLE_OF_TYPE.get(self.server_type, self.server_type)
 
     @property
     def checkpointed(self) -> bool:
@@ -109,6 +110,34 @@ def gym_servers(config: Mapping[str, Any]) -> dict[str, GymServer]:
         if isinstance(conf, Mapping) and "entrypoint" in conf:
             out[str(name)] = GymServer(str(name), str(server_type), str(folder), conf)
     return out
+
+
+def _all_instances(config: Mapping[str, Any]) -> dict[str, GymServer]:
+    """Every server instance with an entrypoint, of any server type (Gym's environment servers too)."""
+    out: dict[str, GymServer] = {}
+    for name, value in config.items():
+        if isinstance(value, Mapping) and len(value) == 1:
+            server_type, inner = next(iter(value.items()))
+            if isinstance(inner, Mapping) and len(inner) == 1:
+                folder, conf = next(iter(inner.items()))
+                if isinstance(conf, Mapping) and "entrypoint" in conf:
+                    out[str(name)] = GymServer(str(name), str(server_type), str(folder), conf)
+    return out
+
+
+def gym_folder(server: GymServer) -> Path:
+    """The server's entrypoint folder, found as ``ng_run`` finds it: the first of Gym's component
+    search roots (``NEMO_GYM_EXTRA_ROOTS``, the cwd, Gym's install) that holds
+    ``<server type>/<folder>/`` with a ``requirements.txt`` or ``pyproject.toml``."""
+    import nemo_gym
+
+    for root in nemo_gym.component_search_roots():
+        folder = Path(root) / server.server_type / server.folder
+        if (folder / "requirements.txt").exists() or (folder / "pyproject.toml").exists():
+            return folder
+    raise ValueError(
+        f"server {server.name!r}: no folder {server.server_type}/{server.folder} in Gym's search roots"
+    )
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -150,7 +179,12 @@ class GymDeployment:
       servers read the file (``ROLLOUT_CHECKPOINT_TOKEN_FILE``), the token never enters their
       environment. Default: ``ROLLOUT_CHECKPOINT_TOKEN``, else a new random token.
     * ``env``: more environment for every server (``PYTHONPATH`` for your own classes, ...).
-    * ``logs``: where each process writes ``<name>-<n>.log`` (default ``workdir``).
+    * ``run_other_servers``: also start the config's servers that have no ``checkpoint_class``
+      (Gym's environment servers, ...) from their own folder, as ``ng_run`` does; they are not
+      participants. Those that join Ray need ``ray_head_node_address`` in the config
+      (:class:`~.launcher.GymLauncher` starts a cluster as ``ng_run`` does).
+
+    Each process writes ``<workdir>/<name>-<n>.log``.
     """
 
     def __init__(
@@ -165,6 +199,7 @@ class GymDeployment:
         env: Mapping[str, str] | None = None,
         python: str | None = None,
         ready_timeout_s: float = _READY_S,
+        run_other_servers: bool = True,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -178,11 +213,18 @@ class GymDeployment:
         head = self.config.setdefault("head_server", {})
         head.setdefault("host", "127.0.0.1")
         head.setdefault("port", free_port())
-        for server in self.servers.values():
+        for server in _all_instances(self.config).values():
             conf = self.config[server.name][server.server_type][server.folder]
             conf.setdefault("host", "127.0.0.1")
             conf["port"] = conf.get("port") or free_port()
         self.servers = {n: s for n, s in gym_servers(self.config).items() if s.checkpointed}
+        # the config's servers without a checkpoint (Gym's environment servers: the relays from
+        # the collector to an agent), started unchanged from their folder when ``run_other_servers``
+        self.other_servers = (
+            {n: s for n, s in _all_instances(self.config).items() if n not in self.servers}
+            if run_other_servers
+            else {}
+        )
         self.store = store or self._store_from_config() or os.environ.get("ROLLOUT_CHECKPOINT_STORE")
         if not self.store:
             raise ValueError(
@@ -201,7 +243,7 @@ class GymDeployment:
         self.python = python or sys.executable
         self.ready_timeout_s = ready_timeout_s
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.starts: dict[str, int] = {name: 0 for name in self.servers}
+        self.starts: dict[str, int] = {name: 0 for name in self.all_names()}
         self.restarts: list[str] = []  # the servers supervise() restarted, in order
         self._lock = threading.RLock()
         self._stopping = threading.Event()
@@ -218,10 +260,14 @@ class GymDeployment:
         return next(iter(stores), None)
 
     # -- naming -------------------------------------------------------------------------------------
+    def all_names(self) -> list[str]:
+        """The checkpointed servers, then Gym's own others."""
+        return [*self.servers, *self.other_servers]
+
     def name(self, server: str) -> str:
         """The server's config name; a role (``resources``, ``agent``, ``model``) names the one
         server that has it."""
-        if server in self.servers:
+        if server in self.servers or server in self.other_servers:
             return server
         matches = [n for n, s in self.servers.items() if s.role == server]
         if len(matches) == 1:
@@ -234,7 +280,8 @@ class GymDeployment:
         raise KeyError(f"no checkpointed server {server!r} in the Gym config (it has: {known})")
 
     def server(self, server: str) -> GymServer:
-        return self.servers[self.name(server)]
+        name = self.name(server)
+        return self.servers[name] if name in self.servers else self.other_servers[name]
 
     def url(self, server: str) -> str:
         return self.server(server).url
@@ -274,23 +321,27 @@ class GymDeployment:
         """Start the server's process (its own process group); ``paused``: it admits nothing
         until a coordinator restores (or resumes) it."""
         name = self.name(server)
+        env = self.environment(name, paused=paused)
+        args: list[str] = [self.python, "-m", _COMPONENT]
+        cwd: Path | None = None
+        if name in self.other_servers:  # Gym's own entrypoint, as ng_run starts it
+            other = self.other_servers[name]
+            cwd = gym_folder(other)
+            args = [self.python, str(cwd / str(other.config["entrypoint"]))]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), env.get("PYTHONPATH", "")) if p)
         with self._lock:
             self.starts[name] += 1
             log = open(self.log_path(name), "wb")  # noqa: SIM115 (owned by the process)
             self.procs[name] = subprocess.Popen(
-                [self.python, "-m", _COMPONENT],
-                env=self.environment(name, paused=paused),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             log.close()
 
     def start_all(self) -> None:
-        """Start every checkpointed server and wait until each answers."""
-        for name in self.servers:
+        """Start every server and wait until each answers."""
+        for name in self.all_names():
             self.start(name)
-        for name in self.servers:
+        for name in self.all_names():
             self.wait_ready(name)
 
     def alive(self, server: str) -> bool:
@@ -307,14 +358,16 @@ class GymDeployment:
         limit = self.ready_timeout_s if timeout_s is None else timeout_s
         end = time.monotonic() + limit
         headers = {"Authorization": f"Bearer {self.token}"}
-        workers = self.servers[name].workers
+        plain = name in self.other_servers  # not a participant: Gym's readiness route
+        workers = self.server(name).workers
         while time.monotonic() < end:
             proc = self.procs[name]
             if proc.poll() is not None:
                 raise RuntimeError(f"the {name} server exited ({proc.returncode}): {self.log_tail(name)}")
             try:
-                r = httpx.get(f"{self.url(name)}{_STATUS}", headers=headers, timeout=2, trust_env=False)
-                if r.status_code == 200 and int(r.json().get("workers", 1)) >= workers:
+                path = "/healthz" if plain else _STATUS
+                r = httpx.get(f"{self.url(name)}{path}", headers=headers, timeout=2, trust_env=False)
+                if r.status_code == 200 and (plain or int(r.json().get("workers", 1)) >= workers):
                     return
             except httpx.HTTPError:
                 pass
@@ -339,14 +392,14 @@ class GymDeployment:
 
     def supervise(self, on_restart: Callable[[str], None] | None = None, poll_s: float = 0.2) -> None:
         """Watch the servers from a background thread: one that exits (crash, SIGKILL) is
-        restarted alone, paused, and ``on_restart(name)`` is called once it answers (then
-        :meth:`recover`). :meth:`stop` ends the watch."""
+        restarted alone, paused (Gym's own servers: restarted), and ``on_restart(name)`` is
+        called once it answers (then :meth:`recover`). :meth:`stop` ends the watch."""
         if self._watcher is not None:
             return
 
         def watch() -> None:
             while not self._stopping.wait(poll_s):
-                for name in list(self.servers):
+                for name in self.all_names():
                     with self._lock:
                         proc = self.procs.get(name)
                         if proc is None or proc.poll() is None or self._stopping.is_set():

@@ -6,7 +6,8 @@
 reads the same config ``ng_run`` reads, through Gym's own parser (Hydra overrides, ``config_paths``
 found under ``NEMO_GYM_EXTRA_ROOTS`` / the cwd / Gym's install; the SDK's component root is
 added to the search roots), runs Gym's head server (so ``ng_collect_rollouts`` and the servers
-find each other as under ``ng_run``) and every checkpointed server as its own process
+find each other as under ``ng_run``), a local Ray cluster when the config has servers of Gym's
+own (its environment servers, which join Ray), and every server as its own process
 (:class:`~.deployment.GymDeployment`). Where ``ng_run`` tears everything down when one server
 dies, the launcher restarts that server alone, **paused**: it admits nothing until the run's
 coordinator restores it (``Coordinator.recover()``, which also retires the attempts the crash
@@ -66,14 +67,22 @@ class GymLauncher:
         self.deployment = GymDeployment(config, workdir=workdir, **deployment)
         self.state_path = self.deployment.workdir / "launcher.json"
         self._head: Any = None
+        self._ray = False
 
     def start(self, *, head_server: bool = False) -> None:
-        """Start Gym's head server (``head_server``: needs the config parsed by
-        :func:`load_gym_config` in this process), every checkpointed server, and the supervisor."""
+        """Start Gym's head server and, when the config has servers of Gym's own (its environment
+        servers join Ray) and no ``ray_head_node_address``, a local Ray cluster as ``ng_run``
+        does (``head_server``: both need the config parsed by :func:`load_gym_config` in this
+        process); then every server, and the supervisor."""
         dep = self.deployment
         if head_server:
-            from nemo_gym.server_utils import HeadServer
+            from nemo_gym.global_config import get_global_config_dict
+            from nemo_gym.server_utils import HeadServer, initialize_ray
 
+            if dep.other_servers and not dep.config.get("ray_head_node_address"):
+                initialize_ray()  # sets ray_head_node_address in Gym's config, which the head serves
+                self._ray = True
+                dep.config["ray_head_node_address"] = get_global_config_dict()["ray_head_node_address"]
             self._head = HeadServer.run_webserver()
         dep.start_all()
         if self._head is not None:
@@ -92,6 +101,9 @@ class GymLauncher:
                 n: {"url": dep.url(n), "role": s.role, "pid": dep.pid(n), "starts": dep.starts[n]}
                 for n, s in dep.servers.items()
             },
+            "gym_servers": {
+                n: {"url": dep.url(n), "pid": dep.pid(n), "starts": dep.starts[n]} for n in dep.other_servers
+            },
             "restarts": list(dep.restarts),
             "store": dep.store,
         }
@@ -107,6 +119,11 @@ class GymLauncher:
             self._head[0].should_exit = True
             self._head[1].join(10)
             self._head = None
+        if self._ray:
+            from nemo_gym.server_utils import maybe_ray_cluster_exit
+
+            maybe_ray_cluster_exit()
+            self._ray = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,10 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     done = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        done.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, on_signal)
     try:
         launcher.start(head_server=True)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # again: ray.init installs its own handlers
+            signal.signal(sig, on_signal)
         print(f"serving {', '.join(launcher.deployment.servers)}; state in {launcher.state_path}", flush=True)
         done.wait()
     except Exception as exc:
