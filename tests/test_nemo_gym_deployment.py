@@ -135,3 +135,21 @@ def test_the_generic_app_refuses_a_bad_server_config_with_one_line(
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and says in lines[-1] and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_launcher_refuses_a_config_without_a_store_with_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("nemo_gym")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_CHECKPOINT_", "NEMO_GYM_"))}
+    out = subprocess.run(
+        [sys.executable, "-m", "rollout_checkpoint.integrations.nemo_gym.launcher",
+         "+config_paths=[resources_servers/checkpointed/configs/blackjack.yaml,"
+         "responses_api_models/checkpointed/configs/scripted.yaml]", "--workdir", str(tmp_path / "w")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: no checkpoint store: pass one (store=, --store)")
+    )
+    assert not (tmp_path / "w" / "launcher.json").exists()  # nothing started
