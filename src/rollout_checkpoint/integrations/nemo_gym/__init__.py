@@ -15,6 +15,10 @@
   what Gym's agents send);
 * :func:`start_backend` - the SDK's deterministic OpenAI-compatible backend (also
   ``python -m rollout_checkpoint.integrations.nemo_gym.backend``) for tests and examples.
+* :class:`GymDeployment` - checkpointed Gym servers as processes from a Gym config (start,
+  start paused, kill, supervise, recover); :func:`component_root` - the Gym component root
+  (``ng_run --search-dir``) whose generic ``app.py`` serves ``checkpoint_class: module:Class``;
+  :class:`GymLauncher` - the SDK launcher: restarts only a dead server, paused.
 
 Gym is imported only when one of these names is first used (module ``__getattr__``), so
 ``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
@@ -30,23 +34,37 @@ __all__ = [
     "BLACKJACK",
     "BUILTIN_SPECS",
     "BackendHandle",
-    "CheckpointedOpenAIModel",
+    "BlackjackDeployment",
     "COUNTER",
-    "GYM_VERSION_TESTED",
-    "INDIRECT_PROMPT_INJECTION",
-    "MULTI_TURN",
-    "WORDLE",
-    "WORKPLACE_ASSISTANT",
     "CheckpointedGymnasiumAgent",
+    "CheckpointedOpenAIModel",
+    "CheckpointedVLLMModel",
+    "GYM_VERSION_TESTED",
+    "GymDeployment",
+    "GymLauncher",
     "GymNotInstalledError",
     "GymResourcesParticipant",
+    "GymServer",
+    "GymServers",
+    "INDIRECT_PROMPT_INJECTION",
+    "MULTI_TURN",
     "RolloutIdentityRequiredError",
+    "ScenarioResult",
     "ScriptedResponsesModel",
     "SessionSpec",
+    "WORDLE",
+    "WORKPLACE_ASSISTANT",
     "WorkplaceAssistantCodec",
     "attach",
     "checkpointed",
+    "component_root",
+    "free_port",
+    "gym_servers",
     "is_checkpointed",
+    "layered_server_venvs",
+    "load_gym_config",
+    "reference_run",
+    "run_scenario",
     "spec_for",
     "start_backend",
 ]
@@ -74,6 +92,19 @@ _WHERE = {
     "CheckpointedVLLMModel": ".vllm_model",
     "BackendHandle": ".backend",
     "start_backend": ".backend",
+    "GymDeployment": ".deployment",
+    "GymServer": ".deployment",
+    "free_port": ".deployment",
+    "gym_servers": ".deployment",
+    "component_root": ".component",
+    "layered_server_venvs": ".component",
+    "reference_run": ".scenario",
+    "GymLauncher": ".launcher",
+    "load_gym_config": ".launcher",
+    "BlackjackDeployment": ".blackjack",
+    "GymServers": ".blackjack",
+    "ScenarioResult": ".scenario",
+    "run_scenario": ".scenario",
 }
 
 INSTALL_HINT = (

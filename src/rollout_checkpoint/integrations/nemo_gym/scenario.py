@@ -22,17 +22,21 @@ from typing import Any
 
 import httpx
 
-from ...coordinator import Coordinator
 from ...ids import ExecutionId
 from ...reader import load_checkpoint
 from ...registry import LiveExecutionRegistry
-from ...tokens import ObjectStoreTokenStore
-from .deployment import GymDeployment, GymServers
+from .blackjack import PROMPT, BlackjackDeployment, GymServers
 from .model import blackjack_move
 
-__all__ = ["ScenarioResult", "reference_run", "rollout_body", "run_scenario"]
+__all__ = [
+    "BlackjackDeployment",
+    "GymServers",
+    "ScenarioResult",
+    "reference_run",
+    "rollout_body",
+    "run_scenario",
+]
 
-PROMPT = "You are playing blackjack."
 _RUN_TIMEOUT_S = 300.0
 
 
@@ -123,7 +127,7 @@ class ScenarioResult:
 
 class _Runner:
     def __init__(
-        self, dep: GymDeployment, rollouts: int, seed: int, store: str, extra: dict[str, Any] | None
+        self, dep: BlackjackDeployment, rollouts: int, seed: int, extra: dict[str, Any] | None
     ) -> None:
         self.dep = dep
         self.extra = extra
@@ -133,14 +137,7 @@ class _Runner:
         self.futures: dict[ExecutionId, Future[dict[str, Any]]] = {}
         self.current: dict[str, ExecutionId] = {}
         self.results: dict[str, dict[str, Any]] = {}
-        self.remotes = [dep.remote(role) for role in ("model", "agent", "resources")]
-        self.coordinator = Coordinator(
-            store,
-            self.remotes,
-            self.registry,
-            ObjectStoreTokenStore(store),
-            accept_unsafe_store=dep.servers.accept_unsafe_store,
-        )
+        self.coordinator = dep.coordinator(self.registry)
 
     def _post_run(self, execution: ExecutionId) -> dict[str, Any]:
         body = rollout_body(
@@ -198,6 +195,7 @@ def run_scenario(
     want: str = "continue",
     max_checkpoints: int = 200,
     hold_wait_s: float = 60.0,
+    supervised: bool = False,
 ) -> ScenarioResult:
     """See the module docstring. ``want`` is the disposition the published checkpoint must give
     at least one rollout before the kill (``fresh_dispatch`` for a restart-only server);
@@ -206,8 +204,11 @@ def run_scenario(
     every rollout finished or waits there (``hold_wait_s`` at most), so it finds them
     mid-episode. ``failures`` (and ``ok``) say whether the run is correct; the summary's
     ``demonstrated`` / ``not_demonstrated`` say what it showed (the crash, a rollout continued,
-    one resumed mid-episode) apart from that."""
-    dep = GymDeployment(servers)
+    one resumed mid-episode) apart from that. ``supervised``: the deployment's supervisor (the
+    SDK launcher's loop) restarts the killed server, paused, instead of the scenario."""
+    dep = servers.deployment()
+    if supervised:
+        dep.supervise()
     failures: list[str] = []
     pauses: list[float] = []
     plan_counts: dict[str, int] = {}
@@ -216,9 +217,10 @@ def run_scenario(
     timings: list[dict[str, float]] = []
     unshown: dict[str, str] = {}  # why the run could not show what it set out to
     killed = False
+    replacement_accepting: bool | None = None
     try:
         dep.start_all()
-        runner = _Runner(dep, rollouts, servers.seed, servers.store, task_extra)
+        runner = _Runner(dep, rollouts, servers.seed, task_extra)
         dispatched = []
         for rollout_id in runner.seeds:
             execution = runner.registry.dispatch(rollout_id)
@@ -259,12 +261,20 @@ def run_scenario(
             dep.release_model()
         else:
             dep.kill(kill)
-            dep.restart(kill)
+            if supervised:
+                dep.wait_restarted(kill)  # the supervisor restarts it alone, paused
+            else:
+                dep.restart(kill)
+            replacement_accepting = dep.remote(kill).status().accepting  # paused: False
             runner.harvest()
             # abort what the crash left open, retire the live attempts, restore; the model's
             # held calls of retired attempts are refused, restored ones go on after the resume
-            restored = runner.coordinator.recover(
-                runner.running(), checkpoint_id=checkpoint_id, deadline_s=120, resume=False
+            restored = dep.recover(
+                runner.coordinator,
+                runner.running(),
+                checkpoint_id=checkpoint_id,
+                deadline_s=120,
+                resume=False,
             )
             dep.release_model()
             killed = True
@@ -295,11 +305,13 @@ def run_scenario(
     summary = _summarize(runner, reference, calls, plan_counts, pauses, kill, restored_turns, failures, want)
     summary.update(_demonstrated(summary, kill, killed, want, unshown))
     summary["stale_attempt_status"] = stale_probe
+    summary["restarted"] = list(dep.restarts) if supervised else ([dep.name(kill)] if killed and kill else [])
+    summary["replacement_accepting"] = replacement_accepting
     summary["checkpoint_timings_ms"] = timings
     return ScenarioResult(summary=summary, failures=failures)
 
 
-def _probe_stale(dep: GymDeployment, plan: Any) -> int | None:
+def _probe_stale(dep: BlackjackDeployment, plan: Any) -> int | None:
     """A late request of a restored-over attempt: the resources server must refuse it (409)."""
     for entry in plan.rollouts.values():
         if entry.disposition != "continue":
@@ -399,7 +411,7 @@ def _summarize(
     return summary
 
 
-def _wait_first_steps(dep: GymDeployment, runner: _Runner, until: float) -> None:
+def _wait_first_steps(dep: BlackjackDeployment, runner: _Runner, until: float) -> None:
     """Until every running rollout finished or waits at the model's gate (its second call held:
     it is at boundary 1, mid-episode), a rollout failed, or ``until``."""
     while time.monotonic() < until:
