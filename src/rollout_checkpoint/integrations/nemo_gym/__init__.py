@@ -6,6 +6,8 @@
   ``example_session_state_mgmt``; every other server restart-only);
 * :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
   resuming a restored rollout at it;
+* :class:`CheckpointedSimpleAgent` - Gym's ``simple_agent``, reporting a boundary after each
+  model call and its tool calls and resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
   the policy model.
 
@@ -26,6 +28,7 @@ __all__ = [
     "GYM_VERSION_TESTED",
     "WORDLE",
     "CheckpointedGymnasiumAgent",
+    "CheckpointedSimpleAgent",
     "GymNotInstalledError",
     "GymResourcesParticipant",
     "RolloutIdentityRequiredError",
@@ -49,6 +52,7 @@ _WHERE = {
     "attach": ".resources",
     "checkpointed": ".resources",
     "CheckpointedGymnasiumAgent": ".agent",
+    "CheckpointedSimpleAgent": ".simple_agent",
     "ScriptedResponsesModel": ".model",
 }
 
