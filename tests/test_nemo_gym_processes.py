@@ -23,11 +23,11 @@ from _procs import kill_mentioning
 
 require_gym()
 
-from rollout_checkpoint.integrations.nemo_gym.deployment import GymDeployment, GymServers  # noqa: E402
-from rollout_checkpoint.integrations.nemo_gym.scenario import PROMPT, run_scenario  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym import GymServers, run_scenario  # noqa: E402
 from rollout_checkpoint.store import open_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+PROMPT = "You are playing blackjack."  # the scenario's task prompt
 pytestmark = pytest.mark.slow
 
 
@@ -168,7 +168,7 @@ def test_a_gym_step_in_flight_keeps_prepare_not_ready_and_new_steps_park_until_r
         resources_class="_gym_slow:SlowStepBlackjackEnv",
         extra_env={"PYTHONPATH": str(REPO / "tests")},
     )
-    dep = GymDeployment(servers)
+    dep = servers.deployment()
     try:
         dep.start("resources")
         dep.wait_ready("resources")
@@ -210,7 +210,7 @@ def test_a_gym_step_in_flight_keeps_prepare_not_ready_and_new_steps_park_until_r
 
 
 def test_a_gym_deployment_without_rollout_identity_fails_closed_naming_the_setting(tmp_path: Path) -> None:
-    dep = GymDeployment(_servers(tmp_path, observability=False))
+    dep = _servers(tmp_path, observability=False).deployment()
     try:
         dep.start_all()
         direct = httpx.post(
@@ -238,7 +238,7 @@ def test_gyms_counter_server_keyed_by_typed_episode_ids_restores_its_counter_aft
         resources_class="resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
         observability=False,  # no /ng-rollout/ prefix: the identity comes from the bodies
     )
-    dep = GymDeployment(servers)
+    dep = servers.deployment()
     first, second = {"rollout_id": "c1", "attempt": 0}, {"rollout_id": "c1", "attempt": 1}
     try:
         dep.start("resources")
