@@ -7,8 +7,8 @@ model and tool call counted where it was served."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,12 +23,10 @@ from _procs import kill_mentioning
 
 require_gym()
 
-from rollout_checkpoint.coordinator import Coordinator  # noqa: E402
 from rollout_checkpoint.ids import ExecutionId  # noqa: E402
-from rollout_checkpoint.integrations.nemo_gym import deployment as gym_deployment  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym import GymDeployment  # noqa: E402
 from rollout_checkpoint.reader import load_checkpoint  # noqa: E402
 from rollout_checkpoint.registry import LiveExecutionRegistry  # noqa: E402
-from rollout_checkpoint.tokens import ObjectStoreTokenStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -43,93 +41,79 @@ def no_process_left(tmp_path: Path) -> Iterator[None]:
     assert left == [], f"processes left running: {left}"
 
 
-_START = {
-    "model": "from _gym_simple import ToolCallingModel as C; C.run_webserver()",
-    "resources": (
-        "from _gym_simple import LoggedCounter as C; "
-        "from rollout_checkpoint.integrations.nemo_gym import checkpointed; checkpointed(C).run_webserver()"
-    ),
-    "agent": (
-        "from rollout_checkpoint.integrations.nemo_gym import CheckpointedSimpleAgent as C; C.run_webserver()"
-    ),
-}
-
-
-class SimpleAgentDeployment(gym_deployment.GymDeployment):
-    """The deployment's processes and control, with the simple agent's Gym config."""
-
-    def gym_config(self) -> dict[str, Any]:
-        host = "127.0.0.1"
-        return {
-            "head_server": {"host": host, "port": self.ports["head"]},
-            "dry_run": False,
-            "observability_enabled": True,
-            "model_call_capture_dir": str(self.workdir / "capture"),
-            gym_deployment.MODEL_NAME: {
-                "responses_api_models": {
-                    "tool_model": {
-                        "entrypoint": "app.py",
-                        "host": host,
-                        "port": self.ports["model"],
-                        "increments": INCREMENTS,
-                        "call_log": str(self.call_log),
-                        "hold_file": str(self.model_gate),
-                        "hold_log": str(self.hold_log),
-                    }
+def _config(work: Path) -> dict[str, Any]:
+    """The Gym config: three checkpointed servers (``checkpoint_class``), as ``ng_run`` reads it."""
+    return {
+        "dry_run": False,
+        "observability_enabled": True,
+        "model_call_capture_dir": str(work / "capture"),
+        "policy_model": {
+            "responses_api_models": {
+                "tool_model": {
+                    "entrypoint": "app.py",
+                    "checkpoint_class": "_gym_simple:ToolCallingModel",
+                    "increments": INCREMENTS,
+                    "call_log": str(work / "model-calls.jsonl"),
+                    "hold_file": str(work / "model-gate"),
+                    "hold_log": str(work / "model-held.jsonl"),
                 }
-            },
-            gym_deployment.RESOURCES_NAME: {
-                "resources_servers": {
-                    "example_session_state_mgmt": {
-                        "entrypoint": "app.py",
-                        "host": host,
-                        "port": self.ports["resources"],
-                        "domain": "other",
-                    }
+            }
+        },
+        "counter": {
+            "resources_servers": {
+                "example_session_state_mgmt": {
+                    "entrypoint": "app.py",
+                    "domain": "other",
+                    "checkpoint_class": "_gym_simple:LoggedCounter",
                 }
-            },
-            gym_deployment.AGENT_NAME: {
-                "responses_api_agents": {
-                    "simple_agent": {
-                        "entrypoint": "app.py",
-                        "host": host,
-                        "port": self.ports["agent"],
-                        "resources_server": {
-                            "type": "resources_servers",
-                            "name": gym_deployment.RESOURCES_NAME,
-                        },
-                        "model_server": {"type": "responses_api_models", "name": gym_deployment.MODEL_NAME},
-                        "max_steps": MAX_STEPS,
-                    }
+            }
+        },
+        "simple_agent": {
+            "responses_api_agents": {
+                "simple_agent": {
+                    "entrypoint": "app.py",
+                    "checkpoint_class": "rollout_checkpoint.integrations.nemo_gym:CheckpointedSimpleAgent",
+                    "resources_server": {"type": "resources_servers", "name": "counter"},
+                    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+                    "max_steps": MAX_STEPS,
                 }
-            },
-        }
-
-    def start(self, role: str, *, paused: bool = False) -> None:
-        import subprocess
-
-        self.starts[role] += 1
-        env = self._env(role, paused)
-        env["PYTHONPATH"] = str(REPO / "tests")
-        env["RC_TEST_TOOL_LOG"] = str(self.workdir / "tool-calls.jsonl")
-        log = open(self.workdir / f"{role}-{self.starts[role]}.log", "wb")  # noqa: SIM115
-        self.procs[role] = subprocess.Popen(
-            [sys.executable, "-c", _START[role]],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return self._lines(self.workdir / "tool-calls.jsonl")
+            }
+        },
+    }
 
 
-def _held(dep: SimpleAgentDeployment) -> set[str]:
+def _deployment(tmp_path: Path) -> GymDeployment:
+    work = tmp_path / "servers"
+    work.mkdir()
+    return GymDeployment(
+        _config(work),
+        workdir=work,
+        store=str(tmp_path / "store"),
+        env={
+            "PYTHONPATH": str(REPO / "tests"),
+            "RC_TEST_TOOL_LOG": str(work / "tool-calls.jsonl"),
+            "TMPDIR": str(work),
+        },
+    )
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):  # a line still being appended
+            out.append(json.loads(line))
+    return out
+
+
+def _held(dep: GymDeployment) -> set[str]:
     """The capture keys whose model call waits at the gate."""
     return {
-        ExecutionId(rollout_id=c["rollout_id"], attempt=c["attempt"]).capture_key for c in dep.held_calls()
+        ExecutionId(rollout_id=c["rollout_id"], attempt=c["attempt"]).capture_key
+        for c in _lines(dep.workdir / "model-held.jsonl")
     }
 
 
@@ -191,17 +175,12 @@ def _calls(output: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_tool_call(
     tmp_path: Path,
 ) -> None:
-    store = str(tmp_path / "store")
-    dep = SimpleAgentDeployment(gym_deployment.GymServers(store=store, workdir=tmp_path / "servers"))
+    dep = _deployment(tmp_path)
+    store = str(dep.store)
     try:
         dep.start_all()
         registry = LiveExecutionRegistry()
-        coordinator = Coordinator(
-            store,
-            [dep.remote(r) for r in ("model", "agent", "resources")],
-            registry,
-            ObjectStoreTokenStore(store),
-        )
+        coordinator = dep.coordinator(registry)
         runs = _Runs(dep.url("agent"))
         # 1. an uninterrupted episode: Gym's loop, max_steps ends it; a terminal run is not kept
         whole = registry.dispatch("whole")
@@ -220,7 +199,7 @@ def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_
         assert dep.remote("resources").status().live == 0
 
         # 2. rollouts held at their second model call (parked at boundary 1), a checkpoint
-        dep.hold_model()
+        (dep.workdir / "model-gate").touch()
         first = [registry.dispatch(r) for r in ("r0", "r1")]
         for execution in first:
             registry.start(execution)
@@ -249,16 +228,21 @@ def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_
         agent = dep.remote("agent")
         prepared = agent.prepare("ck-open", time.time() + 60)
         assert prepared.ready, prepared  # the runs are parked on the model
-        dep.release_model()
+        (dep.workdir / "model-gate").unlink()
         _wait_until(
-            lambda: {(c["key"], c["step"]) for c in dep.model_calls()} >= {("r0-a1", 2), ("r1-a1", 2)},
+            lambda: (
+                {(c["key"], c["step"]) for c in _lines(dep.workdir / "model-calls.jsonl")}
+                >= {("r0-a1", 2), ("r1-a1", 2)}
+            ),
             "the held replies delivered",
         )
-        assert [c for c in dep.tool_calls() if c["key"].endswith("-a1")] == []  # held at the agent
+        assert [
+            c for c in _lines(dep.workdir / "tool-calls.jsonl") if c["key"].endswith("-a1")
+        ] == []  # held at the agent
         agent.resume("ck-open", time.time() + 30)
         results = {e.rollout_id: runs.result(e) for e in second}
-        tool_calls = dep.tool_calls()
-        model_calls = dep.model_calls()
+        tool_calls = _lines(dep.workdir / "tool-calls.jsonl")
+        model_calls = _lines(dep.workdir / "model-calls.jsonl")
     finally:
         dep.stop()
     for rollout_id, result in results.items():
@@ -277,8 +261,7 @@ def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_
 
 
 def test_a_run_without_a_rollout_identity_is_refused_naming_the_fields(tmp_path: Path) -> None:
-    store = str(tmp_path / "store")
-    dep = SimpleAgentDeployment(gym_deployment.GymServers(store=store, workdir=tmp_path / "servers"))
+    dep = _deployment(tmp_path)
     try:
         dep.start("agent")
         dep.wait_ready("agent")
