@@ -14,6 +14,10 @@
   start paused, kill, supervise, recover); :func:`component_root` - the Gym component root
   (``ng_run --search-dir``) whose generic ``app.py`` serves ``checkpoint_class: module:Class``;
   :class:`GymLauncher` - the SDK launcher: restarts only a dead server, paused.
+* :class:`CheckpointedOpenAIModel` - Gym's own ``openai_model`` server, unchanged, checkpointed as
+  the policy model (call identity derived from what Gym's agents send);
+* :func:`start_backend` - the SDK's deterministic OpenAI-compatible backend (also
+  ``python -m rollout_checkpoint.integrations.nemo_gym.backend``) for tests and examples.
 
 Gym is imported only when one of these names is first used (module ``__getattr__``), so
 ``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
@@ -41,6 +45,8 @@ __all__ = [
     "load_gym_config",
     "reference_run",
     "run_scenario",
+    "BackendHandle",
+    "CheckpointedOpenAIModel",
     "COUNTER",
     "GYM_VERSION_TESTED",
     "WORDLE",
@@ -54,6 +60,7 @@ __all__ = [
     "attach",
     "checkpointed",
     "spec_for",
+    "start_backend",
 ]
 
 _WHERE = {
@@ -84,6 +91,9 @@ _WHERE = {
     "GymServers": ".scenario",
     "ScenarioResult": ".scenario",
     "run_scenario": ".scenario",
+    "CheckpointedOpenAIModel": ".openai_model",
+    "BackendHandle": ".backend",
+    "start_backend": ".backend",
 }
 
 INSTALL_HINT = (

@@ -44,6 +44,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .identity import model_turns
+
 __all__ = [
     "BackendHandle",
     "Reply",
@@ -65,7 +67,6 @@ TOKEN_FIELDS = frozenset(
 _PIECE = re.compile(r"\w+|[^\w\s]|\s+")
 _HAND = re.compile(r"Your hand: \[[^\]]*\] = (\d+)")
 _ACTION = re.compile(r"<action>\s*([A-Za-z0-9_ -]{1,40}?)\s*</action>")
-_MODEL_ITEM_TYPES = frozenset({"function_call", "reasoning"})
 
 
 # -- the pure part ------------------------------------------------------------------------------------
@@ -84,29 +85,6 @@ def canonical_conversation(messages: Any, tools: Any) -> bytes:
         messages = [{"role": "user", "content": messages}]
     body = {"messages": _strip(messages or []), "tools": _strip(tools or [])}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _is_model_item(item: Any) -> bool:
-    if not isinstance(item, Mapping):
-        return False
-    if item.get("type") in _MODEL_ITEM_TYPES:
-        return True
-    return item.get("role") == "assistant"
-
-
-def model_turns(messages: Any) -> list[list[Mapping[str, Any]]]:
-    """The model turns already in a conversation: each maximal run of consecutive model items
-    (assistant messages, function calls, reasoning) is one turn."""
-    turns: list[list[Mapping[str, Any]]] = []
-    previous = False
-    for item in messages if isinstance(messages, list) else []:
-        current = _is_model_item(item)
-        if current:
-            if not previous:
-                turns.append([])
-            turns[-1].append(item)
-        previous = current
-    return turns
 
 
 def _called_tool(turn: list[Mapping[str, Any]]) -> bool:
@@ -421,6 +399,7 @@ class BackendHandle:
     """A backend served by a thread of this process (:func:`start_backend`)."""
 
     url: str
+    app: FastAPI
     server: uvicorn.Server
     thread: threading.Thread
 
@@ -428,6 +407,12 @@ class BackendHandle:
     def base_url(self) -> str:
         """What Gym's ``openai_base_url`` / ``base_url`` wants: the URL with ``/v1``."""
         return f"{self.url}/v1"
+
+    @property
+    def calls(self) -> int:
+        """Generation requests answered so far (``/v1/responses`` and ``/v1/chat/completions``)."""
+        calls: int = self.app.state.calls
+        return calls
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -444,8 +429,9 @@ def start_backend(
     seed: int = 0, *, host: str = "127.0.0.1", port: int = 0, tool_turns: int = 2, token_ids: bool = True
 ) -> BackendHandle:
     """Serve the backend from a thread; returns once it listens (``port=0``: a free port)."""
+    app = build_backend_app(seed, tool_turns=tool_turns, token_ids=token_ids)
     config = uvicorn.Config(
-        build_backend_app(seed, tool_turns=tool_turns, token_ids=token_ids),
+        app,
         host=host,
         port=port,
         log_level="warning",
@@ -461,7 +447,7 @@ def start_backend(
             raise RuntimeError(f"the backend did not start on {host}:{port}")
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
-    return BackendHandle(url=f"http://{host}:{bound}", server=server, thread=thread)
+    return BackendHandle(url=f"http://{host}:{bound}", app=app, server=server, thread=thread)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,9 @@ server's name in it) plus ``ROLLOUT_CHECKPOINT_TOKEN`` and ``ROLLOUT_CHECKPOINT_
   group serves it instead of uvicorn's bare workers (one Gym server object per worker process,
   one merged participant, sessions routed to their worker);
 * ``agent`` - :class:`~.agent.CheckpointedGymnasiumAgent`;
-* ``model`` - :class:`~.model.ScriptedResponsesModel`.
+* ``model`` - :class:`~.model.ScriptedResponsesModel`;
+* ``openai-model`` - :class:`~.openai_model.CheckpointedOpenAIModel` (Gym's ``openai_model`` in
+  front of the backend its config's ``openai_base_url`` names).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ def build_resources(context: WorkerContext) -> ServedApp:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("resources", "agent", "model"):
-        print("usage: launch resources module:Class | agent | model", file=sys.stderr)
+    if not args or args[0] not in ("resources", "agent", "model", "openai-model"):
+        print("usage: launch resources module:Class | agent | model | openai-model", file=sys.stderr)
         return 2
     role = args[0]
     if role == "resources":
@@ -88,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         from .agent import CheckpointedGymnasiumAgent
 
         CheckpointedGymnasiumAgent.run_webserver()
+    elif role == "openai-model":
+        from .openai_model import CheckpointedOpenAIModel
+
+        CheckpointedOpenAIModel.run_webserver()
     else:
         from .model import ScriptedResponsesModel
 
