@@ -1,14 +1,18 @@
 """Gym's simple agent, checkpointed, in real processes: the checkpointed agent
 (``CheckpointedSimpleAgent``), Gym's ``example_session_state_mgmt`` counter as the tool server
-(checkpointed, every increment logged) and a tool-calling Gym model server (every delivered reply
-logged). One deployment: an uninterrupted episode, then rollouts held mid-episode at the model,
-a checkpoint, a SIGKILL of the agent, recovery, a reply held across an open checkpoint, and every
-model and tool call counted where it was served."""
+(checkpointed, every increment logged) and Gym's ``openai_model`` checkpointed as the policy model
+(every delivered reply logged) in front of the SDK's deterministic backend. One deployment: an
+uninterrupted episode, then rollouts held mid-episode at the model, a checkpoint, a SIGKILL of the
+agent, recovery, a reply held across an open checkpoint, and every model and tool call counted
+where it was served."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,14 +28,24 @@ from _procs import kill_mentioning
 require_gym()
 
 from rollout_checkpoint.ids import ExecutionId  # noqa: E402
-from rollout_checkpoint.integrations.nemo_gym import GymDeployment  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym import GymDeployment, start_backend  # noqa: E402
 from rollout_checkpoint.reader import load_checkpoint  # noqa: E402
 from rollout_checkpoint.registry import LiveExecutionRegistry  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-INCREMENTS, MAX_STEPS = 5, 3  # the model would call 5 tools; Gym's max_steps stops it after 3 steps
-EXPECTED = sum(range(1, MAX_STEPS + 1))  # increments of 1, 2, 3
+TOOL_TURNS, MAX_STEPS = 5, 3  # the model would call 5 tools; Gym's max_steps stops it after 3 steps
+INCREMENT = {
+    "type": "function",
+    "name": "increment_counter",
+    "strict": True,
+    "parameters": {
+        "type": "object",
+        "properties": {"count": {"type": "integer"}},
+        "required": ["count"],
+        "additionalProperties": False,
+    },
+}
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +55,7 @@ def no_process_left(tmp_path: Path) -> Iterator[None]:
     assert left == [], f"processes left running: {left}"
 
 
-def _config(work: Path) -> dict[str, Any]:
+def _config(work: Path, backend_url: str) -> dict[str, Any]:
     """The Gym config: three checkpointed servers (``checkpoint_class``), as ``ng_run`` reads it."""
     return {
         "dry_run": False,
@@ -49,10 +63,12 @@ def _config(work: Path) -> dict[str, Any]:
         "model_call_capture_dir": str(work / "capture"),
         "policy_model": {
             "responses_api_models": {
-                "tool_model": {
+                "openai_model": {
                     "entrypoint": "app.py",
-                    "checkpoint_class": "_gym_simple:ToolCallingModel",
-                    "increments": INCREMENTS,
+                    "checkpoint_class": "rollout_checkpoint.integrations.nemo_gym:CheckpointedOpenAIModel",
+                    "openai_base_url": backend_url,
+                    "openai_api_key": "none",
+                    "openai_model": "deterministic",
                     "call_log": str(work / "model-calls.jsonl"),
                     "hold_file": str(work / "model-gate"),
                     "hold_log": str(work / "model-held.jsonl"),
@@ -82,11 +98,11 @@ def _config(work: Path) -> dict[str, Any]:
     }
 
 
-def _deployment(tmp_path: Path) -> GymDeployment:
+def _deployment(tmp_path: Path, backend_url: str = "") -> GymDeployment:
     work = tmp_path / "servers"
     work.mkdir()
     return GymDeployment(
-        _config(work),
+        _config(work, backend_url),
         workdir=work,
         store=str(tmp_path / "store"),
         env={
@@ -126,13 +142,25 @@ def _wait_until(condition: Callable[[], bool], what: str = "", timeout: float = 
     raise AssertionError(f"timed out waiting for {what or condition}")
 
 
-def _run_body(execution: ExecutionId) -> dict[str, Any]:
+def _model_calls(dep: GymDeployment) -> list[tuple[str, int, str]]:
+    """The replies the model delivered: (capture key, step, call id)."""
+    return [
+        (
+            ExecutionId(rollout_id=c["rollout_id"], attempt=c["attempt"]).capture_key,
+            int(str(c["call_id"]).rsplit("-", 1)[-1]),
+            c["call_id"],
+        )
+        for c in _lines(dep.workdir / "model-calls.jsonl")
+    ]
+
+
+def _run_body(execution: ExecutionId, expected: int) -> dict[str, Any]:
     return {
-        "responses_create_params": {"input": "Count with the tool."},
+        "responses_create_params": {"input": "Count with the tool.", "tools": [INCREMENT]},
         "_ng_rollout_id": execution.rollout_id,
         "_ng_attempt_index": execution.attempt,
         "initial_count": 0,
-        "expected_count": EXPECTED,
+        "expected_count": expected,
     }
 
 
@@ -142,11 +170,11 @@ class _Runs:
         self.results: dict[ExecutionId, httpx.Response | Exception] = {}
         self.threads: list[threading.Thread] = []
 
-    def dispatch(self, execution: ExecutionId) -> None:
+    def dispatch(self, execution: ExecutionId, expected: int) -> None:
         def post() -> None:
             try:
                 self.results[execution] = httpx.post(
-                    f"{self.url}/run", json=_run_body(execution), timeout=180, trust_env=False
+                    f"{self.url}/run", json=_run_body(execution, expected), timeout=180, trust_env=False
                 )
             except Exception as exc:  # the agent died under the request
                 self.results[execution] = exc
@@ -175,89 +203,98 @@ def _calls(output: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_tool_call(
     tmp_path: Path,
 ) -> None:
-    dep = _deployment(tmp_path)
-    store = str(dep.store)
-    try:
-        dep.start_all()
-        registry = LiveExecutionRegistry()
-        coordinator = dep.coordinator(registry)
-        runs = _Runs(dep.url("agent"))
-        # 1. an uninterrupted episode: Gym's loop, max_steps ends it; a terminal run is not kept
-        whole = registry.dispatch("whole")
-        registry.start(whole)
-        runs.dispatch(whole)
-        reference = runs.result(whole)
-        assert reference["reward"] == 1.0  # the counter holds 1 + 2 + 3
-        assert reference["rollout_checkpoint"] == {"attempt": 0, "restored_turn": None}
-        assert len(_calls(reference["response"]["output"])) == 2 * MAX_STEPS
-        registry.finish(whole)
-        registry.hand_off(whole, {"reward": 1.0}, reward=1.0)
-        assert dep.remote("agent").status().live == 0  # the finished run is nowhere to export
-        # Gym's /run never closes the counter's session: the framework retires the finished attempt
-        assert dep.remote("resources").status().live == 1
-        coordinator.retire([whole])
-        assert dep.remote("resources").status().live == 0
+    with start_backend(7, tool_turns=TOOL_TURNS) as backend:
+        dep = _deployment(tmp_path, backend.base_url)
+        store = str(dep.store)
+        try:
+            dep.start_all()
+            registry = LiveExecutionRegistry()
+            coordinator = dep.coordinator(registry)
+            runs = _Runs(dep.url("agent"))
+            # 1. an uninterrupted episode: Gym's loop, max_steps ends it; a terminal run is not kept
+            whole = registry.dispatch("whole")
+            registry.start(whole)
+            runs.dispatch(whole, expected=0)
+            reference = runs.result(whole)
+            assert reference["rollout_checkpoint"] == {
+                "attempt": 0,
+                "restored_turn": None,
+                "steps": [{"step": n, "attempt": 0} for n in range(1, MAX_STEPS + 1)],
+            }
+            assert len(_calls(reference["response"]["output"])) == 2 * MAX_STEPS
+            counts = [c["count"] for c in _lines(dep.workdir / "tool-calls.jsonl") if c["key"] == "whole"]
+            assert len(counts) == MAX_STEPS
+            registry.finish(whole)
+            registry.hand_off(whole, {"reward": reference["reward"]}, reward=reference["reward"])
+            assert dep.remote("agent").status().live == 0  # the finished run is nowhere to export
+            # Gym's /run never closes the counter's session: the framework retires the finished attempt
+            assert dep.remote("resources").status().live == 1
+            coordinator.retire([whole])
+            assert dep.remote("resources").status().live == 0
 
-        # 2. rollouts held at their second model call (parked at boundary 1), a checkpoint
-        (dep.workdir / "model-gate").touch()
-        first = [registry.dispatch(r) for r in ("r0", "r1")]
-        for execution in first:
-            registry.start(execution)
-            runs.dispatch(execution)
-        _wait_until(lambda: _held(dep) >= {"r0", "r1"}, "both rollouts held")
-        outcome = coordinator.checkpoint(deadline_s=60)
-        plan = load_checkpoint(store, outcome.checkpoint_id)
-        dispositions = {r: e.disposition for r, e in plan.rollouts.items()}
-        assert dispositions == {"whole": "completed", "r0": "continue", "r1": "continue"}, {
-            r: e.reason for r, e in plan.rollouts.items()
-        }
+            # 2. rollouts held at their second model call (parked at boundary 1), a checkpoint
+            (dep.workdir / "model-gate").touch()
+            first = [registry.dispatch(r) for r in ("r0", "r1")]
+            for execution in first:
+                registry.start(execution)
+                runs.dispatch(execution, expected=sum(counts))  # same conversation, so same calls
+            _wait_until(lambda: _held(dep) >= {"r0", "r1"}, "both rollouts held")
+            outcome = coordinator.checkpoint(deadline_s=60)
+            plan = load_checkpoint(store, outcome.checkpoint_id)
+            dispositions = {r: e.disposition for r, e in plan.rollouts.items()}
+            assert dispositions == {"whole": "completed", "r0": "continue", "r1": "continue"}, {
+                r: e.reason for r, e in plan.rollouts.items()
+            }
 
-        # 3. SIGKILL the agent; a paused replacement; recover; the continued rollouts as attempt 1
-        dep.kill("agent")
-        dep.restart("agent")
-        restored = coordinator.recover(
-            first, checkpoint_id=outcome.checkpoint_id, deadline_s=120, resume=False
-        )
-        coordinator.resume(restored.restore_id, deadline_s=60)
-        second = [e.next_attempt() for e in first]
-        for execution in second:
-            runs.dispatch(execution)
-        # 4. attempt 1's next model call is held too; a checkpoint opens at the agent while the
-        # replies arrive: they wait there, no tool call runs until the checkpoint ends
-        _wait_until(lambda: _held(dep) >= {"r0-a1", "r1-a1"}, "attempt 1 held")
-        agent = dep.remote("agent")
-        prepared = agent.prepare("ck-open", time.time() + 60)
-        assert prepared.ready, prepared  # the runs are parked on the model
-        (dep.workdir / "model-gate").unlink()
-        _wait_until(
-            lambda: (
-                {(c["key"], c["step"]) for c in _lines(dep.workdir / "model-calls.jsonl")}
-                >= {("r0-a1", 2), ("r1-a1", 2)}
-            ),
-            "the held replies delivered",
-        )
-        assert [
-            c for c in _lines(dep.workdir / "tool-calls.jsonl") if c["key"].endswith("-a1")
-        ] == []  # held at the agent
-        agent.resume("ck-open", time.time() + 30)
-        results = {e.rollout_id: runs.result(e) for e in second}
-        tool_calls = _lines(dep.workdir / "tool-calls.jsonl")
-        model_calls = _lines(dep.workdir / "model-calls.jsonl")
-    finally:
-        dep.stop()
+            # 3. SIGKILL the agent; a paused replacement; recover; the continued rollouts as attempt 1
+            dep.kill("agent")
+            dep.restart("agent")
+            restored = coordinator.recover(
+                first, checkpoint_id=outcome.checkpoint_id, deadline_s=120, resume=False
+            )
+            coordinator.resume(restored.restore_id, deadline_s=60)
+            second = [e.next_attempt() for e in first]
+            for execution in second:
+                runs.dispatch(execution, expected=sum(counts))
+            # 4. attempt 1's next model call is held too; a checkpoint opens at the agent while the
+            # replies arrive: they wait there, no tool call runs until the checkpoint ends
+            _wait_until(lambda: _held(dep) >= {"r0-a1", "r1-a1"}, "attempt 1 held")
+            agent = dep.remote("agent")
+            prepared = agent.prepare("ck-open", time.time() + 60)
+            assert prepared.ready, prepared  # the runs are parked on the model
+            (dep.workdir / "model-gate").unlink()
+            _wait_until(
+                lambda: {(k, n) for k, n, _ in _model_calls(dep)} >= {("r0-a1", 2), ("r1-a1", 2)},
+                "the held replies delivered",
+            )
+            tool_calls = _lines(dep.workdir / "tool-calls.jsonl")
+            assert [c for c in tool_calls if c["key"].endswith("-a1")] == []  # held at the agent
+            agent.resume("ck-open", time.time() + 30)
+            results = {e.rollout_id: runs.result(e) for e in second}
+            tool_calls = _lines(dep.workdir / "tool-calls.jsonl")
+            model_calls = _model_calls(dep)
+        finally:
+            dep.stop()
     for rollout_id, result in results.items():
-        assert result["rollout_checkpoint"] == {"attempt": 1, "restored_turn": 1}
-        assert result["reward"] == 1.0  # the restored counter plus steps 2 and 3 only
+        assert result["rollout_checkpoint"] == {
+            "attempt": 1,
+            "restored_turn": 1,
+            "steps": [{"step": 1, "attempt": 0}, {"step": 2, "attempt": 1}, {"step": 3, "attempt": 1}],
+        }
+        assert result["reward"] == 1.0  # the restored counter plus steps 2 and 3's increments only
         assert _calls(result["response"]["output"]) == _calls(reference["response"]["output"])
-        # at the tool server: each increment once, step 1 by attempt 0, steps 2 and 3 by attempt 1;
-        # max_steps held across the resume (no fourth step)
-        tools = sorted((c["key"], c["count"]) for c in tool_calls if c["key"].startswith(rollout_id))
-        assert tools == [(rollout_id, 1), (f"{rollout_id}-a1", 2), (f"{rollout_id}-a1", 3)]
+        # at the tool server: each increment once, step 1 by attempt 0, steps 2 and 3 by attempt 1,
+        # the uninterrupted run's values; max_steps held across the resume (no fourth step)
+        tools = [(c["key"], c["count"]) for c in tool_calls if c["key"].startswith(rollout_id)]
+        assert tools == [
+            (rollout_id, counts[0]),
+            (f"{rollout_id}-a1", counts[1]),
+            (f"{rollout_id}-a1", counts[2]),
+        ]
         # at the model: attempt 1 asked for steps 2 and 3 only (its boundary held step 1's reply);
         # attempt 0's held step-2 call was refused by the model once the attempt was retired
-        calls = sorted((c["key"], c["step"]) for c in model_calls if c["key"].startswith(rollout_id))
+        calls = sorted((k, n) for k, n, _ in model_calls if k.startswith(rollout_id))
         assert calls == [(rollout_id, 1), (f"{rollout_id}-a1", 2), (f"{rollout_id}-a1", 3)]
-        assert {c["call_id"] for c in model_calls if c["key"] == f"{rollout_id}-a1"} == {"step-2", "step-3"}
 
 
 def test_a_run_without_a_rollout_identity_is_refused_naming_the_fields(tmp_path: Path) -> None:
@@ -285,3 +322,39 @@ def test_a_run_without_a_rollout_identity_is_refused_naming_the_fields(tmp_path:
     finally:
         dep.stop()
     assert json.dumps(error)  # the refusal is the control plane's one error shape
+
+
+def test_the_simple_agent_example_survives_a_killed_tool_server_and_reports_one_json_object(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    done = subprocess.run(
+        [
+            *(sys.executable, str(REPO / "examples" / "nemo_gym_simple_agent.py"), "--rollouts", "2"),
+            *("--kill", "resources", "--store", str(store), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["ok"] is True and summary["failures"] == []
+    assert summary["completed"] == summary["rollouts"] == 2 and summary["lost_results"] == 0
+    assert summary["killed"] == "resources" and summary["stale_attempt_status"] == 409
+    assert summary["repeated_model_calls"] == 0 and summary["repeated_tool_calls"] == 0
+    assert summary["matches_uninterrupted"] is True
+    assert summary["demonstrated"] == {"crash": True, "rollouts_continued": True, "resumed_mid_episode": True}
+    turns = summary["resumed_at_turns"]
+    assert len(turns) == summary["continued"] >= 1 and all(t >= 1 for t in turns.values()), turns
+    blackjack_keys = {
+        "ok",
+        "failures",
+        "demonstrated",
+        "not_demonstrated",
+        "rollouts",
+        "completed",
+        "continued",
+    }
+    assert blackjack_keys <= set(summary)

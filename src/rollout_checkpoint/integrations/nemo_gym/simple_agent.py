@@ -36,7 +36,7 @@ import os
 import time
 from contextlib import suppress
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request, Response
@@ -103,6 +103,8 @@ class _Episode:
     execution: ExecutionId
     restored: AgentBoundaryRecord | None
     seed_revisions: dict[str, dict[str, int]]
+    steps: list[dict[str, int]] = field(default_factory=list)
+    """Every step the rollout took (``{"step", "attempt"}``), earlier attempts' included."""
 
 
 _EPISODE: ContextVar[_Episode | None] = ContextVar("rollout_checkpoint_simple_agent_episode", default=None)
@@ -239,7 +241,8 @@ class CheckpointedSimpleAgent(SimpleAgent):
             seed_revisions = _revision(seeded)
         token_capture = self._token_id_capture_enabled()
         collect = self._model_call_capture_enabled()
-        episode_token = _EPISODE.set(_Episode(execution, restored, seed_revisions))
+        episode = _Episode(execution, restored, seed_revisions)
+        episode_token = _EPISODE.set(episode)
         try:
             model_response, trajectory, model_cookies, resources_cookies = await self._create_episode(
                 body.responses_create_params,
@@ -300,6 +303,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
         result["rollout_checkpoint"] = {
             "attempt": execution.attempt,
             "restored_turn": None if restored is None else restored.turn_index,
+            "steps": episode.steps,
         }
         return SimpleAgentVerifyResponse.model_validate(result)
 
@@ -495,6 +499,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
                 tool_calls=[TrajectoryToolCall.model_validate(t) for t in traj["tool_calls"]],
                 gaps=[ObservationGap.model_validate(g) for g in traj["gaps"]],
             )
+        episode.steps = state["steps"]
         return model_response, trajectory, model_server_cookies, resources_server_cookies
 
     async def _tool_call(
