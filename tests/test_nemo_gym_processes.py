@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from _procs import kill_mentioning
 
 require_gym()
 
-from rollout_checkpoint.integrations.nemo_gym import GymServers, run_scenario  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym import GymServers, free_port, run_scenario  # noqa: E402
 from rollout_checkpoint.store import open_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +64,19 @@ def test_a_killed_gym_server_is_restored_and_every_rollout_ends_as_if_uninterrup
     result = run_scenario(_servers(tmp_path), rollouts=4, kill=kill)
     _assert_correct(result.summary, result.failures, 4)
     assert result.summary["killed"] == kill
+
+
+@pytest.mark.parametrize("kill", ["resources", "agent", "model"])
+def test_under_the_launcher_only_the_killed_server_restarts_paused_and_recover_loses_nothing(
+    tmp_path: Path, kill: str
+) -> None:
+    # the deployment's supervisor (GymLauncher's loop) notices the SIGKILL and restarts that
+    # server alone, paused; Coordinator.recover() then restores survivors and replacement
+    result = run_scenario(_servers(tmp_path), rollouts=3, kill=kill, supervised=True)
+    _assert_correct(result.summary, result.failures, 3)
+    name = {"resources": "blackjack", "agent": "blackjack_agent", "model": "policy_model"}[kill]
+    assert result.summary["restarted"] == [name]  # only the dead server, once
+    assert result.summary["replacement_accepting"] is False  # it admitted nothing before the restore
 
 
 def test_the_example_survives_a_killed_model_server_and_reports_one_json_object(tmp_path: Path) -> None:
@@ -272,3 +286,44 @@ def test_gyms_counter_server_keyed_by_typed_episode_ids_restores_its_counter_aft
             assert client.post("/get_counter_value", json={"episode_id": second}).json() == {"count": 5}
     finally:
         dep.stop()
+
+
+def test_the_launcher_process_serves_a_gym_config_and_restarts_only_a_killed_server_paused(
+    tmp_path: Path,
+) -> None:
+    from rollout_checkpoint import Coordinator, LiveExecutionRegistry
+    from rollout_checkpoint.server import RemoteParticipant
+
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    store, workdir = str(tmp_path / "store"), tmp_path / "launcher"
+    args = [sys.executable, "-m", "rollout_checkpoint.integrations.nemo_gym.launcher",
+            "+config_paths=[resources_servers/checkpointed/configs/blackjack.yaml,"
+            "responses_api_models/checkpointed/configs/scripted.yaml]",
+            f"++head_server.port={free_port()}",
+            "--workdir", str(workdir), "--store", store, "--token-file", str(token)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_CHECKPOINT_", "NEMO_GYM_"))}
+    env["TMPDIR"] = str(tmp_path)
+    with open(tmp_path / "launcher.log", "wb") as log:
+        proc = subprocess.Popen(  # cwd: Hydra writes its outputs/ there
+            args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    state_path = workdir / "launcher.json"
+    try:
+        _wait_until(lambda: state_path.exists() or proc.poll() is not None, timeout=120)
+        assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+        servers = json.loads(state_path.read_text())["servers"]
+        assert {s["role"] for s in servers.values()} == {"resources", "agent", "model"}
+        remotes = {n: RemoteParticipant(s["url"], token=token.read_text()) for n, s in servers.items()}
+        coordinator = Coordinator(store, list(remotes.values()), LiveExecutionRegistry())
+        coordinator.checkpoint(deadline_s=60)
+        os.kill(servers["blackjack_checkpointed"]["pid"], signal.SIGKILL)
+        _wait_until(lambda: json.loads(state_path.read_text())["restarts"] == ["blackjack_checkpointed"], 120)
+        state = json.loads(state_path.read_text())["servers"]
+        assert [n for n in state if state[n]["starts"] > 1] == ["blackjack_checkpointed"]  # only the dead one
+        assert remotes["blackjack_checkpointed"].status().accepting is False  # paused
+        coordinator.recover(deadline_s=60)
+        assert all(r.status().accepting for r in remotes.values())
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher stops every server it started
+        proc.wait(60)

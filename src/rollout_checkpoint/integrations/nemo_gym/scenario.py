@@ -342,6 +342,7 @@ def run_scenario(
     timings: list[dict[str, float]] = []
     unshown: dict[str, str] = {}  # why the run could not show what it set out to
     killed = False
+    replacement_accepting: bool | None = None
     try:
         dep.start_all()
         runner = _Runner(dep, rollouts, servers.seed, task_extra)
@@ -389,6 +390,7 @@ def run_scenario(
                 dep.wait_restarted(kill)  # the supervisor restarts it alone, paused
             else:
                 dep.restart(kill)
+            replacement_accepting = dep.remote(kill).status().accepting  # paused: False
             runner.harvest()
             # abort what the crash left open, retire the live attempts, restore; the model's
             # held calls of retired attempts are refused, restored ones go on after the resume
@@ -428,6 +430,8 @@ def run_scenario(
     summary = _summarize(runner, reference, calls, plan_counts, pauses, kill, restored_turns, failures, want)
     summary.update(_demonstrated(summary, kill, killed, want, unshown))
     summary["stale_attempt_status"] = stale_probe
+    summary["restarted"] = list(dep.restarts) if supervised else ([dep.name(kill)] if killed and kill else [])
+    summary["replacement_accepting"] = replacement_accepting
     summary["checkpoint_timings_ms"] = timings
     return ScenarioResult(summary=summary, failures=failures)
 
