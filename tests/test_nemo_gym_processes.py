@@ -130,8 +130,10 @@ def test_the_gym_deployment_checkpoints_to_moto_s3(
 def test_a_gym_server_without_a_spec_is_restart_only_its_rollouts_are_dispatched_afresh(
     tmp_path: Path,
 ) -> None:
-    servers = _servers(
-        tmp_path, resources_class="resources_servers.example_multi_turn_gymnasium.app:ExampleMultiTurnEnv"
+    servers = _servers(  # a server of one's own without a spec (Gym's multi-turn example has one)
+        tmp_path,
+        resources_class="_gym_specs:UnauditedMultiTurnEnv",
+        extra_env={"PYTHONPATH": str(REPO / "tests")},
     )
     result = run_scenario(
         servers,

@@ -18,8 +18,11 @@ require_gym()
 from resources_servers.blackjack.app import BlackjackEnv  # noqa: E402
 from resources_servers.example_multi_turn_gymnasium.app import ExampleMultiTurnEnv  # noqa: E402
 from resources_servers.example_session_state_mgmt.app import StatefulCounterResourcesServer  # noqa: E402
+from resources_servers.indirect_prompt_injection.app import IPIResourcesServer  # noqa: E402
 from resources_servers.wordle.app import WordleGameState, WordleResourcesServer  # noqa: E402
+from resources_servers.workplace_assistant.app import WorkbenchResourcesServer  # noqa: E402
 
+from _gym_specs import UnauditedMultiTurnEnv  # noqa: E402
 from rollout_checkpoint import ExecutionId, ResourcesParticipant  # noqa: E402
 from rollout_checkpoint.errors import AdmissionClosedError, StaleAttemptError  # noqa: E402
 from rollout_checkpoint.integrations.nemo_gym import specs  # noqa: E402
@@ -129,7 +132,10 @@ def test_specs_are_found_for_the_built_in_servers_and_their_subclasses_only_on_t
     assert of(SeededBlackjackEnv) is specs.BLACKJACK
     assert of(WordleResourcesServer) is specs.WORDLE
     assert of(StatefulCounterResourcesServer) is specs.COUNTER
-    assert of(ExampleMultiTurnEnv) is None  # no spec: restart-only
+    assert of(ExampleMultiTurnEnv) is specs.MULTI_TURN
+    assert of(WorkbenchResourcesServer) is specs.WORKPLACE_ASSISTANT
+    assert of(IPIResourcesServer) is specs.INDIRECT_PROMPT_INJECTION
+    assert of(UnauditedMultiTurnEnv) is None  # a server of one's own without a spec: restart-only
     assert specs.gym_version() == specs.GYM_VERSION_TESTED
     monkeypatch.setattr(specs, "gym_version", lambda: "9.9.9")
     assert of(BlackjackEnv) is None  # another Gym version: fail closed

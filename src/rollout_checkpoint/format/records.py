@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, m
 from ..errors import InvalidRecordError, refuse_newer_schema
 from ..ids import ExecutionId, Identifier
 from ._validation import TypedModel, describe_validation_error
+from .binary_payloads import is_binary_payload, split_binary_payload
 
 __all__ = [
     "RECORD_SCHEMA_VERSION",
@@ -370,11 +371,18 @@ RECORD_TYPES: dict[str, type[Record]] = {
 
 
 def decode_record(kind: str, payload: bytes | str) -> Record:
-    """Parse a stored payload of ``kind``; typed errors for unknown kinds, bad JSON, newer schemas."""
+    """Parse a stored payload of ``kind`` (JSON, or the binary form of
+    :mod:`.binary_payloads`); typed errors for unknown kinds, bad JSON, newer schemas."""
     cls = RECORD_TYPES.get(kind)
     if cls is None:
         raise InvalidRecordError(f"unknown record kind {kind!r}", kind=kind)
     try:
+        if is_binary_payload(payload):
+            try:
+                fields = split_binary_payload(kind, payload)  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise InvalidRecordError(f"invalid {kind} record: {exc}", kind=kind) from None
+            return cls.model_validate(fields)
         return cls.model_validate_json(payload)
     except ValidationError as exc:
         raise InvalidRecordError(

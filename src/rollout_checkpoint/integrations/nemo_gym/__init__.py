@@ -2,8 +2,10 @@
 
 * :func:`attach` / :func:`checkpointed` - a Gym resources server becomes a checkpoint
   participant without changing Gym (sessions keyed by the rollout identity Gym carries plus its
-  session cookie; built-in :class:`SessionSpec` s for ``blackjack``, ``wordle`` and
-  ``example_session_state_mgmt``; every other server restart-only);
+  session cookie; built-in :class:`SessionSpec` s for ``blackjack``, ``wordle``,
+  ``example_session_state_mgmt``, ``example_multi_turn_gymnasium``, ``workplace_assistant``
+  (DataFrames as Parquet: :class:`WorkplaceAssistantCodec`) and ``indirect_prompt_injection``;
+  every other server restart-only);
 * :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
   resuming a restored rollout at it;
 * :class:`CheckpointedSimpleAgent` - Gym's ``simple_agent``, reporting a boundary after each
@@ -49,7 +51,10 @@ __all__ = [
     "CheckpointedOpenAIModel",
     "COUNTER",
     "GYM_VERSION_TESTED",
+    "INDIRECT_PROMPT_INJECTION",
+    "MULTI_TURN",
     "WORDLE",
+    "WORKPLACE_ASSISTANT",
     "CheckpointedGymnasiumAgent",
     "CheckpointedSimpleAgent",
     "GymNotInstalledError",
@@ -57,8 +62,10 @@ __all__ = [
     "RolloutIdentityRequiredError",
     "ScriptedResponsesModel",
     "SessionSpec",
+    "WorkplaceAssistantCodec",
     "attach",
     "checkpointed",
+    "is_checkpointed",
     "spec_for",
     "start_backend",
 ]
@@ -69,6 +76,11 @@ _WHERE = {
     "COUNTER": ".specs",
     "GYM_VERSION_TESTED": ".specs",
     "WORDLE": ".specs",
+    "INDIRECT_PROMPT_INJECTION": ".specs",
+    "MULTI_TURN": ".specs",
+    "WORKPLACE_ASSISTANT": ".specs",
+    "WorkplaceAssistantCodec": ".workplace",
+    "is_checkpointed": ".resources",
     "SessionSpec": ".specs",
     "spec_for": ".specs",
     "RolloutIdentityRequiredError": ".identity",

@@ -13,7 +13,14 @@ import random
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-__all__ = ["BlackjackCodec", "CounterCodec", "WordleCodec", "canonical_json"]
+__all__ = [
+    "BlackjackCodec",
+    "CounterCodec",
+    "JsonEnvironmentCodec",
+    "MultiTurnCodec",
+    "WordleCodec",
+    "canonical_json",
+]
 
 _MT_WORDS = 625  # Mersenne Twister: 624 state words plus the index
 
@@ -176,3 +183,67 @@ class WordleCodec:
             else:
                 kwargs[name] = value
         return self._cls()(**kwargs)
+
+
+class MultiTurnCodec:
+    """``example_multi_turn_gymnasium``: the number of follow-ups already sent in the session
+    (``session_turns[sid]``; the follow-ups themselves come with every step's body)."""
+
+    name = "nemo-gym-multi-turn-v1"
+
+    def encode(self, state: Any) -> bytes:
+        if type(state) is not int or state < 0:
+            raise TypeError("multi-turn state must be a non-negative int")
+        return canonical_json({"turn": state})
+
+    def decode(self, data: bytes) -> Any:
+        doc = _load_object(data, {"turn"}, "multi-turn")
+        if type(doc["turn"]) is not int or doc["turn"] < 0:
+            raise ValueError("multi-turn turn must be a non-negative integer")
+        return doc["turn"]
+
+
+def _check_json(value: Any, what: str, depth: int = 0) -> None:
+    if depth > 64:
+        raise ValueError(f"{what} is nested too deeply")
+    if value is None or type(value) in (str, int, bool):
+        return
+    if type(value) is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{what} holds a non-finite number")
+        return
+    if type(value) is list:
+        for item in value:
+            _check_json(item, what, depth + 1)
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise ValueError(f"{what} has a key that is not a string")
+            _check_json(item, what, depth + 1)
+        return
+    raise TypeError(f"{what} holds a {type(value).__name__}, not JSON")
+
+
+class JsonEnvironmentCodec:
+    """A session that is one JSON object seeded from the task and mutated by the tools (Gym's
+    ``indirect_prompt_injection``: ``session_id_to_env[sid]``, a deep copy of the task row's
+    ``environment``). Encodes compact JSON **in the dict's own key order** (not sorted: the tools
+    answer ``json.dumps`` of parts of it, so a restored session must iterate its keys as the
+    original did); refuses anything that is not exactly JSON (a tuple, a set, a non-string key,
+    NaN), which would not come back as it went in."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def encode(self, state: Any) -> bytes:
+        if type(state) is not dict:
+            raise TypeError(f"{self.name} state must be a dict")
+        _check_json(state, f"{self.name} state")
+        return json.dumps(state, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+    def decode(self, data: bytes) -> Any:
+        doc = json.loads(data)
+        if type(doc) is not dict:
+            raise ValueError(f"{self.name} state must be a JSON object")
+        return doc

@@ -4,14 +4,20 @@
 environment (``NEMO_GYM_CONFIG_DICT``: the resolved config; ``NEMO_GYM_CONFIG_PATH``: this
 server's name in it) plus ``ROLLOUT_CHECKPOINT_TOKEN`` and ``ROLLOUT_CHECKPOINT_STORE``:
 
-* ``resources module:Class`` - ``checkpointed(Class).run_webserver()``; when the server's Gym
+* ``resources module:Class [--spec module:NAME]`` - ``checkpointed(Class, spec=NAME).run_webserver()``
+  (without ``--spec`` the built-in spec of the class, else restart-only); when the server's Gym
   config has ``num_workers`` > 1 (or ``ROLLOUT_CHECKPOINT_WORKERS`` says so) the SDK's worker
   group serves it instead of uvicorn's bare workers (one Gym server object per worker process,
   one merged participant, sessions routed to their worker);
 * ``agent`` - :class:`~.agent.CheckpointedGymnasiumAgent`;
+* ``simple-agent`` - :class:`~.simple_agent.CheckpointedSimpleAgent`;
 * ``model`` - :class:`~.model.ScriptedResponsesModel`;
 * ``openai-model`` - :class:`~.openai_model.CheckpointedOpenAIModel` (Gym's ``openai_model`` in
   front of the backend its config's ``openai_base_url`` names).
+
+A mistake (a class that is already checkpointed, an agent or model class given as
+``resources``, a ``--spec`` that is not a :class:`~.specs.SessionSpec`) is one line on stderr
+and exit status 2, before any server or worker starts.
 """
 
 from __future__ import annotations
@@ -21,20 +27,64 @@ import os
 import sys
 from typing import Any
 
+from ...errors import CheckpointError
 from ...server import ServedApp, WorkerContext, run_server
-from .resources import attach, checkpointed
+from .resources import _refuse_role, attach, checkpointed, is_checkpointed
+from .specs import SessionSpec
 
-__all__ = ["build_resources", "load_class", "main"]
+__all__ = ["build_resources", "load_class", "load_spec", "main"]
 
 WORKERS_ENV = "ROLLOUT_CHECKPOINT_WORKERS"
 CLASS_ENV = "ROLLOUT_CHECKPOINT_GYM_CLASS"
+SPEC_ENV = "ROLLOUT_CHECKPOINT_GYM_SPEC"
+_ROLES = ("resources", "agent", "simple-agent", "model", "openai-model")
+_USAGE = (
+    "usage: launch resources module:Class [--spec module:NAME] | agent | simple-agent | model | openai-model"
+)
 
 
-def load_class(spec: str) -> Any:
-    module, _, name = spec.partition(":")
+class LaunchError(Exception):
+    """A launcher argument that cannot work: reported as one line, exit status 2."""
+
+
+def _load(ref: str, what: str) -> Any:
+    module, _, name = ref.partition(":")
     if not module or not name:
-        raise ValueError(f"a server class is 'package.module:Class', got {spec!r}")
-    return getattr(importlib.import_module(module), name)
+        raise LaunchError(f"a {what} is 'package.module:NAME', got {ref!r}")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise LaunchError(f"cannot import the {what} {ref!r}: {exc}") from None
+    except AttributeError:
+        raise LaunchError(f"{module} has no {name!r} (the {what} {ref!r})") from None
+
+
+def load_class(ref: str) -> Any:
+    """The class ``package.module:Class``."""
+    return _load(ref, "server class")
+
+
+def load_spec(ref: str) -> SessionSpec:
+    """The :class:`SessionSpec` ``package.module:NAME``."""
+    spec = _load(ref, "spec")
+    if not isinstance(spec, SessionSpec):
+        raise LaunchError(f"{ref} is a {type(spec).__name__}, not a SessionSpec")
+    return spec
+
+
+def _resources_class(ref: str) -> Any:
+    cls = load_class(ref)
+    if not isinstance(cls, type):
+        raise LaunchError(f"{ref} is not a class")
+    if is_checkpointed(cls):
+        raise LaunchError(
+            f"{ref} is already checkpointed: give the launcher the Gym class itself (it attaches once)"
+        )
+    try:
+        _refuse_role(cls)
+    except CheckpointError as exc:
+        raise LaunchError(exc.message) from None
+    return cls
 
 
 def _gym_server(cls: Any) -> Any:
@@ -54,27 +104,49 @@ def build_resources(context: WorkerContext) -> ServedApp:
     server = _gym_server(load_class(os.environ[CLASS_ENV]))
     app = server.setup_webserver()
     server.setup_liveness(app)
-    participant = attach(server, app, mount_control=False)
+    spec_ref = os.environ.get(SPEC_ENV)
+    participant = attach(server, app, mount_control=False, spec=load_spec(spec_ref) if spec_ref else True)
     return ServedApp(app=app, participant=participant)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("resources", "agent", "model", "openai-model"):
-        print("usage: launch resources module:Class | agent | model | openai-model", file=sys.stderr)
+    try:
+        return _main(args)
+    except LaunchError as exc:
+        print(f"launch: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: list[str]) -> int:
+    if not args or args[0] not in _ROLES:
+        print(_USAGE, file=sys.stderr)
         return 2
     role = args[0]
     if role == "resources":
-        if len(args) < 2:
-            print("usage: launch resources module:Class", file=sys.stderr)
+        rest = args[1:]
+        spec: SessionSpec | None = None
+        spec_ref = None
+        if "--spec" in rest:
+            at = rest.index("--spec")
+            if at + 1 >= len(rest):
+                raise LaunchError("--spec needs module:NAME")
+            spec_ref = rest[at + 1]
+            spec = load_spec(spec_ref)
+            del rest[at : at + 2]
+        if len(rest) != 1:
+            print(_USAGE, file=sys.stderr)
             return 2
+        cls = _resources_class(rest[0])
         from nemo_gym.global_config import get_global_config_dict
 
         conf = get_global_config_dict()[os.environ["NEMO_GYM_CONFIG_PATH"]]
         inner = next(iter(next(iter(conf.values())).values()))
         workers = int(os.environ.get(WORKERS_ENV) or inner.get("num_workers") or 1)
         if workers > 1:
-            os.environ[CLASS_ENV] = args[1]
+            os.environ[CLASS_ENV] = rest[0]
+            if spec_ref is not None:
+                os.environ[SPEC_ENV] = spec_ref
             run_server(
                 "rollout_checkpoint.integrations.nemo_gym.launch:build_resources",
                 store=os.environ["ROLLOUT_CHECKPOINT_STORE"],
@@ -85,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                 accept_unsafe_store=os.environ.get("ROLLOUT_CHECKPOINT_ACCEPT_UNSAFE_STORE") == "1",
             )
             return 0
-        checkpointed(load_class(args[1])).run_webserver()
+        checkpointed(cls, spec=spec if spec is not None else True).run_webserver()
     elif role == "agent":
         from .agent import CheckpointedGymnasiumAgent
 
         CheckpointedGymnasiumAgent.run_webserver()
+    elif role == "simple-agent":
+        from .simple_agent import CheckpointedSimpleAgent
+
+        CheckpointedSimpleAgent.run_webserver()
     elif role == "openai-model":
         from .openai_model import CheckpointedOpenAIModel
 

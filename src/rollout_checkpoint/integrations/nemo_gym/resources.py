@@ -30,10 +30,12 @@ from typing import Any, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
-from ...errors import CheckpointError, UnknownExecutionError
-from ...format.records import Record
+from ...errors import CheckpointError, InvalidArgumentError, UnknownExecutionError
+from ...format.binary_payloads import binary_payload
+from ...format.records import RECORD_SCHEMA_VERSION, Record, ResourceSnapshotRecord
 from ...ids import ExecutionId
 from ...participants import ResourcesParticipant
+from ...protocol import Export, scope_test
 from ...server import error_response, install_error_handlers, install_participant, status_for
 from .identity import (
     IDENTITY_SETTING,
@@ -51,6 +53,7 @@ __all__ = [
     "GymResourcesParticipant",
     "attach",
     "checkpointed",
+    "is_checkpointed",
     "start_paused_if_asked",
 ]
 
@@ -88,6 +91,57 @@ class GymResourcesParticipant(ResourcesParticipant):
         )
         self.server = server
         self.spec = spec
+        self._tainted: dict[ExecutionId, str] = {}  # execution -> the read route that changed its state
+
+    def _encode(
+        self, execution: ExecutionId, session_id: str, revision: int, state: Any
+    ) -> bytes | Exception | None:
+        """As the base participant, but the snapshot is the binary ``resource_snapshot`` payload
+        (the codec's bytes stored raw, not as base64 in JSON: ``docs/format.md``), so a codec
+        that writes Parquet (``workplace_assistant``) lands in the archive as Parquet."""
+        if self.mode != "exported":
+            return None
+        try:
+            data: Any = self.codec.encode(state)
+        except (TypeError, ValueError) as exc:
+            return exc
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        if type(data) is not bytes:
+            return TypeError(f"the codec returned {type(data).__name__}, not bytes")
+        header = {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "rollout_id": execution.rollout_id,
+            "attempt": execution.attempt,
+            "session_id": session_id,
+            "revision": revision,
+            "codec": self.codec.name,
+        }
+        return binary_payload(ResourceSnapshotRecord.kind, header, data)
+
+    def taint(self, execution: ExecutionId, route: str) -> None:
+        """A route declared read changed ``execution``'s state behind the participant's back:
+        from now on its sessions are never exported, its rollout restarts from its input
+        (``fresh_dispatch``), since no revision the agent recorded describes that state."""
+        with self._cond:
+            self._tainted.setdefault(execution, route)
+            self._changed()
+
+    def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        with self._cond:
+            tainted = [e for e in self._tainted if e in self._by_execution]
+            self._tainted = {e: self._tainted[e] for e in tainted}
+        if not tainted:
+            return super()._export(scope)
+        in_scope = scope_test(scope)
+        keys = {(e.rollout_id, e.attempt) for e in tainted}
+        clean = frozenset(
+            e for e in self._live_executions() if in_scope(e) and (e.rollout_id, e.attempt) not in keys
+        )
+        export = super()._export(clean)
+        restarts = [e for e in tainted if in_scope(e)]
+        restarts = [*export.restarts, *restarts]
+        return Export(records=export.records, executions=export.executions, restarts=restarts)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         install = super()._validate_restore(records)
@@ -189,12 +243,15 @@ class _CheckpointMiddleware:
         self, kind: str, execution: ExecutionId, session_id: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
         p = self.participant
-        if kind == "read":
+        if kind == "read" and self.spec is None:
             with p._cond:
                 p.fence.check(execution)  # a stale attempt reads nothing
             await self.app(scope, receive, send)
             return
         async with p.session_work(execution, session_id, wait=self.wait) as work:
+            if kind == "read":
+                await self._read(work, execution, session_id, scope, receive, send)
+                return
             if kind == "mutate" and not work.exists and self.spec is not None:
                 # fail closed: state this participant does not hold (another worker's, or lost
                 # in a crash) is never served from a blank slate
@@ -223,6 +280,44 @@ class _CheckpointMiddleware:
                 message = {**message, "headers": [*message.get("headers", []), *headers]}
             await send(message)
 
+    async def _read(
+        self, work: Any, execution: ExecutionId, session_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A read route, under the session's lock and admission like a mutation (so what it might
+        change cannot slip past a checkpoint), with the server's entry compared before and after:
+        a read that drops the entry ends the session, one that changes it makes the rollout
+        restart from its input (``fresh_dispatch``); either way a warning names the route."""
+        spec = self.spec
+        assert spec is not None
+        before = spec.read(self.participant.server, session_id)
+        fingerprint = _fingerprint(spec, before)
+        await self.app(scope, receive, send)
+        if not work.exists:
+            return
+        after = spec.read(self.participant.server, session_id)
+        path = scope.get("path", "")
+        if after is None:
+            _LOG.warning(
+                "%s: read route %s dropped session %s of %s: the session ends (declare %s a close route)",
+                spec.name,
+                path,
+                session_id,
+                execution,
+                path,
+            )
+            work.end()
+        elif after is not before or _fingerprint(spec, after) != fingerprint:
+            _LOG.warning(
+                "%s: read route %s changed session %s of %s: the rollout restarts from its input "
+                "(fresh_dispatch; declare %s a mutate route)",
+                spec.name,
+                path,
+                session_id,
+                execution,
+                path,
+            )
+            self.participant.taint(execution, path)
+
     def _record(self, kind: str, work: Any, session_id: str, messages: list[Message]) -> int | None:
         """After a successful handler: the server's dict entry is the session's new state."""
         spec = self.spec
@@ -241,6 +336,17 @@ class _CheckpointMiddleware:
             return None
         revision = work.set(state)
         return revision
+
+
+def _fingerprint(spec: SessionSpec, state: Any) -> bytes | None:
+    """The codec's bytes of ``state`` (``None`` if it does not encode)."""
+    if state is None:
+        return None
+    try:
+        data = spec.codec.encode(state)
+    except (TypeError, ValueError):
+        return None
+    return bytes(data)
 
 
 def _terminal(messages: list[Message]) -> bool:
@@ -291,7 +397,16 @@ def attach(
     own server, or ``None`` to force restart-only. ``token`` defaults to the
     ``ROLLOUT_CHECKPOINT_TOKEN`` environment variable and ``store`` to
     ``ROLLOUT_CHECKPOINT_STORE`` (without one, each request names its store).
-    ``mount_control=False`` leaves the control routes to a worker group (several workers)."""
+    ``mount_control=False`` leaves the control routes to a worker group (several workers).
+
+    Refused (``invalid_argument``): an app that already has a participant (attached twice), and
+    a Gym agent or model server (they have their own checkpointed forms)."""
+    _refuse_role(type(server))
+    if getattr(app.state, "rollout_checkpoint_participant", None) is not None:
+        raise InvalidArgumentError(
+            f"{type(server).__name__}: this app already has a checkpoint participant attached "
+            "(attach once, or use checkpointed(Class), not both)"
+        )
     chosen = spec_for(server) if spec is True else (spec or None)
     name = instance or getattr(getattr(server, "config", None), "name", None) or type(server).__name__
     participant = GymResourcesParticipant(server, chosen, str(name), admission_wait=admission_wait)
@@ -318,11 +433,44 @@ def attach(
 
 T = TypeVar("T")
 
+_CHECKPOINTED_MARK = "__rollout_checkpoint_attached__"
+
+
+def is_checkpointed(server_class: type) -> bool:
+    """Whether ``server_class`` already attaches a participant (made by :func:`checkpointed`,
+    or one of the SDK's checkpointed Gym classes)."""
+    return bool(getattr(server_class, _CHECKPOINTED_MARK, False))
+
+
+def _refuse_role(server_class: type) -> None:
+    """Agents and model servers are not resources servers: name what checkpoints them."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in server_class.__mro__}
+    if "nemo_gym.base_responses_api_agent.BaseResponsesAPIAgent" in names:
+        raise InvalidArgumentError(
+            f"{server_class.__name__} is a Gym agent, not a resources server: run "
+            "CheckpointedGymnasiumAgent (gymnasium_agent) or CheckpointedSimpleAgent (simple_agent) "
+            "from rollout_checkpoint.integrations.nemo_gym instead"
+        )
+    if "nemo_gym.base_responses_api_model.BaseResponsesAPIModel" in names:
+        raise InvalidArgumentError(
+            f"{server_class.__name__} is a Gym model server, not a resources server: run the "
+            "checkpointed policy model server of rollout_checkpoint.integrations.nemo_gym.model instead"
+        )
+
 
 def checkpointed(server_class: type[T], *, spec: SessionSpec | bool | None = True) -> type[T]:
     """A subclass of the Gym resources ``server_class`` whose ``setup_webserver()`` attaches
     the participant (settings from the environment, see :func:`attach`), so that Gym's own
-    ``run_webserver()`` starts it checkpointed."""
+    ``run_webserver()`` starts it checkpointed.
+
+    Refused (``invalid_argument``, one line): a class that is already checkpointed (it would
+    attach twice), and a Gym agent or model server (naming what checkpoints those)."""
+    _refuse_role(server_class)
+    if is_checkpointed(server_class):
+        raise InvalidArgumentError(
+            f"{server_class.__name__} is already checkpointed: pass the Gym class itself, "
+            "not the result of checkpointed()"
+        )
     base: Any = server_class
 
     class Checkpointed(base):
@@ -331,6 +479,7 @@ def checkpointed(server_class: type[T], *, spec: SessionSpec | bool | None = Tru
             attach(self, app, spec=spec)
             return app
 
+    setattr(Checkpointed, _CHECKPOINTED_MARK, True)
     Checkpointed.__name__ = Checkpointed.__qualname__ = f"Checkpointed{server_class.__name__}"
     Checkpointed.__module__ = server_class.__module__
     return Checkpointed

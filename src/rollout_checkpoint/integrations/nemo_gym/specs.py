@@ -1,7 +1,8 @@
 """Which routes of a Gym resources server open, mutate, read and close a session, where its
 per-session state lives, and how it is encoded: a :class:`SessionSpec` per server class.
 
-Built-in specs cover Gym's ``blackjack``, ``wordle`` and ``example_session_state_mgmt`` as
+Built-in specs cover Gym's ``blackjack``, ``wordle``, ``example_session_state_mgmt``,
+``example_multi_turn_gymnasium``, ``workplace_assistant`` and ``indirect_prompt_injection`` as
 they are in the Gym version tested (:data:`GYM_VERSION_TESTED`); on another Gym version, or for
 any other server, :func:`spec_for` answers ``None`` and the server is checkpointed
 ``restart_only`` (fail closed: its rollouts are dispatched afresh, never continued from state
@@ -17,15 +18,19 @@ from importlib import metadata
 from typing import Any
 
 from ...participants import StateCodec
-from .codecs import BlackjackCodec, CounterCodec, WordleCodec
+from .codecs import BlackjackCodec, CounterCodec, JsonEnvironmentCodec, MultiTurnCodec, WordleCodec
+from .workplace import WorkplaceAssistantCodec
 
 __all__ = [
     "BLACKJACK",
     "BUILTIN_SPECS",
     "COUNTER",
     "GYM_VERSION_TESTED",
+    "INDIRECT_PROMPT_INJECTION",
+    "MULTI_TURN",
     "RESTART_ONLY_CLOSE_ROUTES",
     "WORDLE",
+    "WORKPLACE_ASSISTANT",
     "SessionSpec",
     "gym_version",
     "spec_for",
@@ -114,7 +119,47 @@ COUNTER = SessionSpec(
     close_routes=frozenset({"/close_session"}),
 )
 
-BUILTIN_SPECS: tuple[SessionSpec, ...] = (BLACKJACK, WORDLE, COUNTER)
+MULTI_TURN = SessionSpec(
+    name="example_multi_turn_gymnasium",
+    server_class="resources_servers.example_multi_turn_gymnasium.app:ExampleMultiTurnEnv",
+    # its state is the follow-up count in session_turns (session_state stays empty); a terminal
+    # /step drops it (Gym's close_session), which ends the session
+    state_attr="session_turns",
+    codec=MultiTurnCodec(),
+    open_routes=frozenset({"/reset"}),
+    mutate_routes=frozenset({"/step"}),
+    close_routes=frozenset({"/close"}),
+)
+
+WORKPLACE_ASSISTANT = SessionSpec(
+    name="workplace_assistant",
+    server_class="resources_servers.workplace_assistant.app:WorkbenchResourcesServer",
+    state_attr="session_id_to_tool_env",
+    codec=WorkplaceAssistantCodec(),
+    open_routes=frozenset({"/seed_session"}),
+    # every tool is a POST /<tool name> (a catch-all route): strict makes each a mutation
+    mutate_routes=frozenset(),
+    close_routes=frozenset({"/verify"}),  # Gym's verify pops the session
+)
+
+INDIRECT_PROMPT_INJECTION = SessionSpec(
+    name="indirect_prompt_injection",
+    server_class="resources_servers.indirect_prompt_injection.app:IPIResourcesServer",
+    state_attr="session_id_to_env",
+    codec=JsonEnvironmentCodec("nemo-gym-ipi-env-v1"),
+    open_routes=frozenset({"/seed_session"}),
+    mutate_routes=frozenset(),  # every tool is a POST /<tool name> (a catch-all route)
+    close_routes=frozenset({"/verify"}),  # Gym's verify pops the session
+)
+
+BUILTIN_SPECS: tuple[SessionSpec, ...] = (
+    BLACKJACK,
+    WORDLE,
+    COUNTER,
+    MULTI_TURN,
+    WORKPLACE_ASSISTANT,
+    INDIRECT_PROMPT_INJECTION,
+)
 
 
 def gym_version() -> str | None:
