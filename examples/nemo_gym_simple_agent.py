@@ -1,7 +1,7 @@
 """Gym's simple agent through a SIGKILL, in one command.
 
-    python examples/nemo_gym_simple_agent.py [--env example_session_state_mgmt] [--rollouts N]
-        [--seed S] [--workers N] [--kill agent|resources|model|none] [--store URL] [--json]
+    python examples/nemo_gym_simple_agent.py [--env workplace_assistant|example_session_state_mgmt]
+        [--rollouts N] [--seed S] [--workers N] [--kill agent|resources|model|none] [--store URL] [--json]
 
 Starts, from one Gym config and as real processes on 127.0.0.1 (the SDK's public
 ``GymDeployment``, each server through Gym's own start-up): Gym's ``simple_agent`` in its
@@ -9,11 +9,13 @@ checkpointed form (``CheckpointedSimpleAgent``), Gym's ``openai_model`` server c
 policy model (``CheckpointedOpenAIModel``) in front of the SDK's deterministic OpenAI-compatible
 backend (its replies, tool calls included, are a pure function of the seed and the
 conversation), and the ``--env`` tool server with the checkpoint participant attached
-(``--workers`` worker processes). It first runs every task row uninterrupted (the reference),
-then runs them again with each rollout's second model call held at the model (so every rollout
-is mid-episode, after its first model call and tool call), checkpoints, SIGKILLs the ``--kill``
-server, restarts it paused, recovers with ``Coordinator.recover()``, finishes every rollout
-(continued ones as attempt N+1 from their boundary) and compares each with the reference.
+(``--workers`` worker processes): Gym's ``workplace_assistant`` (the task rows Gym ships with
+it; its DataFrames restored from Parquet) or the ``example_session_state_mgmt`` counter. It
+first runs every task row uninterrupted (the reference), then runs them again with each
+rollout's second model call held at the model (so every rollout is mid-episode, after its first
+model call and tool call), checkpoints, SIGKILLs the ``--kill`` server, restarts it paused,
+recovers with ``Coordinator.recover()``, finishes every rollout (continued ones as attempt N+1
+from their boundary) and compares each with the reference.
 
 With ``--json`` the last line is one JSON object (the keys of ``nemo_gym_blackjack.py``, with
 ``resumed_at_turns``: the turn each continued rollout resumed at). Exit status 0 only for a
@@ -68,8 +70,29 @@ def _counter_row(index: int) -> dict[str, Any]:
     }
 
 
+def _gym_example_row(package: str) -> Any:
+    """Task rows from the ``data/example.jsonl`` Gym ships with a resources server (index i takes
+    row ``i`` modulo their number)."""
+
+    def row(index: int) -> dict[str, Any]:
+        import importlib
+
+        module = importlib.import_module(f"resources_servers.{package}.app")
+        rows = (Path(str(module.__file__)).parent / "data" / "example.jsonl").read_text().splitlines()
+        return dict(json.loads(rows[index % len(rows)]))
+
+    return row
+
+
 # --env: the tool server (a Gym resources server class with a built-in spec), its task rows
 ENVS: dict[str, dict[str, Any]] = {
+    "workplace_assistant": {
+        "folder": "workplace_assistant",
+        "class": "resources_servers.workplace_assistant.app:WorkbenchResourcesServer",
+        "row": _gym_example_row("workplace_assistant"),
+        "tool_turns": 3,
+        "probe_route": "/email_search_emails",
+    },
     "example_session_state_mgmt": {
         "folder": "example_session_state_mgmt",
         "class": "resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
@@ -191,7 +214,10 @@ def run(args: argparse.Namespace, work: Path, store: str) -> dict[str, Any]:
     spec = ENVS[args.env]
     config = gym_config(args.env, work, args.workers)
     failures: list[str] = []
-    rows = {f"{args.env[:8]}{args.seed}-{i}": spec["row"](args.seed * 100 + i) for i in range(args.rollouts)}
+    rows = {
+        f"{args.env.split('_')[0]}{args.seed}-{i}": spec["row"](args.seed * 100 + i)
+        for i in range(args.rollouts)
+    }
     kill = None if args.kill == "none" else args.kill
     with start_backend(args.seed, tool_turns=spec["tool_turns"]) as backend:
         config[MODEL]["responses_api_models"]["openai_model"]["openai_base_url"] = backend.base_url
@@ -365,7 +391,7 @@ def _summary(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", choices=sorted(ENVS), default="example_session_state_mgmt")
+    parser.add_argument("--env", choices=sorted(ENVS), default="workplace_assistant")
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="worker processes of the tool server")

@@ -324,14 +324,14 @@ def test_a_run_without_a_rollout_identity_is_refused_naming_the_fields(tmp_path:
     assert json.dumps(error)  # the refusal is the control plane's one error shape
 
 
-def test_the_simple_agent_example_survives_a_killed_tool_server_and_reports_one_json_object(
+def test_the_simple_agent_example_survives_a_killed_workplace_assistant_and_reports_one_json_object(
     tmp_path: Path,
 ) -> None:
     store = tmp_path / "store"
     done = subprocess.run(
         [
             *(sys.executable, str(REPO / "examples" / "nemo_gym_simple_agent.py"), "--rollouts", "2"),
-            *("--kill", "resources", "--store", str(store), "--json"),
+            *("--env", "workplace_assistant", "--kill", "resources", "--store", str(store), "--json"),
         ],
         capture_output=True,
         text=True,
