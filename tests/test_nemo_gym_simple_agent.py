@@ -231,6 +231,27 @@ def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_
             assert dep.remote("resources").status().live == 1
             coordinator.retire([whole])
             assert dep.remote("resources").status().live == 0
+            # the same loop behind Gym's direct route, /ng-rollout/<id>/v1/responses, its tools under
+            # the session cookie /seed_session gave
+            seeded = httpx.post(
+                f"{dep.url('resources')}/ng-rollout/direct/seed_session",
+                json={"initial_count": 0},
+                timeout=60,
+                trust_env=False,
+            )
+            assert seeded.status_code == 200, seeded.text
+            direct = httpx.post(
+                f"{dep.url('agent')}/ng-rollout/direct/v1/responses",
+                json={"input": "Count with the tool.", "tools": [INCREMENT]},
+                cookies=dict(seeded.cookies),
+                timeout=120,
+                trust_env=False,
+            )
+            assert direct.status_code == 200, direct.text
+            assert _calls(direct.json()["output"]) == _calls(reference["response"]["output"])
+            assert dep.remote("agent").status().live == 0
+            coordinator.retire([ExecutionId(rollout_id="direct", attempt=0)])
+            assert dep.remote("resources").status().live == 0
 
             # 2. rollouts held at their second model call (parked at boundary 1), a checkpoint
             (dep.workdir / "model-gate").touch()
