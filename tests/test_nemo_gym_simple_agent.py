@@ -142,6 +142,24 @@ def _wait_until(condition: Callable[[], bool], what: str = "", timeout: float = 
     raise AssertionError(f"timed out waiting for {what or condition}")
 
 
+def _session_activation(dep: GymDeployment) -> None:
+    """Gym's agent-session path: a tool-server session, an agent session seeded with its
+    ``episode_id`` and a direct tool access, then ``/v1/responses`` under the session cookie."""
+    resources = f"{dep.url('resources')}/ng-rollout/sess"
+    seeded = httpx.post(f"{resources}/seed_session", json={"initial_count": 0}, timeout=60, trust_env=False)
+    access = {"kind": "direct_http", "name": "counter", "required": True, "base_url": resources}
+    seed = {
+        "agent_session_id": "s1",
+        "episode_id": {"rollout_id": "sess", "attempt": 0},
+        "task_id": {"taskset": "counter:t", "task_id": "1"},
+        "tool_accesses": [{**access, "cookies": dict(seeded.cookies)}],
+    }
+    with httpx.Client(base_url=dep.url("agent"), timeout=180, trust_env=False) as client:
+        assert client.post("/v1/agent_sessions", json=seed).status_code == 200
+        with contextlib.suppress(httpx.HTTPError):  # the agent is killed under it
+            client.post("/v1/responses", json={"input": "Count with the tool.", "tools": [INCREMENT]})
+
+
 def _model_calls(dep: GymDeployment) -> list[tuple[str, int, str]]:
     """The replies the model delivered: (capture key, step, call id)."""
     return [
@@ -259,13 +277,21 @@ def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_
             for execution in first:
                 registry.start(execution)
                 runs.dispatch(execution, expected=sum(counts))  # same conversation, so same calls
-            _wait_until(lambda: _held(dep) >= {"r0", "r1"}, "both rollouts held")
+            # and an agent-session activation (Gym's in-memory session table: restart-only)
+            session = registry.dispatch("sess")
+            registry.start(session)
+            threading.Thread(target=_session_activation, args=(dep,), daemon=True).start()
+            _wait_until(lambda: _held(dep) >= {"r0", "r1", "sess"}, "the rollouts held")
             outcome = coordinator.checkpoint(deadline_s=60)
             plan = load_checkpoint(store, outcome.checkpoint_id)
             dispositions = {r: e.disposition for r, e in plan.rollouts.items()}
-            assert dispositions == {"whole": "completed", "r0": "continue", "r1": "continue"}, {
-                r: e.reason for r, e in plan.rollouts.items()
-            }
+            assert dispositions == {
+                "whole": "completed",
+                "r0": "continue",
+                "r1": "continue",
+                "sess": "fresh_dispatch",
+            }, {r: e.reason for r, e in plan.rollouts.items()}
+            first.append(session)  # retired by the recovery below
 
             # 3. SIGKILL the agent; a paused replacement; recover; the continued rollouts as attempt 1
             dep.kill("agent")
@@ -274,7 +300,7 @@ def test_a_simple_agent_killed_mid_episode_resumes_without_repeating_a_model_or_
                 first, checkpoint_id=outcome.checkpoint_id, deadline_s=120, resume=False
             )
             coordinator.resume(restored.restore_id, deadline_s=60)
-            second = [e.next_attempt() for e in first]
+            second = [e.next_attempt() for e in first if e.rollout_id != "sess"]
             for execution in second:
                 runs.dispatch(execution, expected=sum(counts))
             # 4. attempt 1's next model call is held too; a checkpoint opens at the agent while the

@@ -328,6 +328,11 @@ class CheckpointedSimpleAgent(SimpleAgent):
                 "the checkpointed simple agent runs an episode only inside /run or /v1/responses"
             )
         execution, participant, admission = episode.execution, self.participant, self._admission
+        if not model_url_path.startswith("/ng-rollout/"):  # an agent session's identity: its episode_id
+            token_capture = self._token_id_capture_enabled()
+            model_url_path = (
+                f"{rollout_path_prefix(execution.capture_key, token_capture=token_capture)}{model_url_path}"
+            )
         body = body.model_copy(deep=True)
         if isinstance(body.input, str):
             body.input = [NeMoGymEasyInputMessage(role="user", content=body.input)]
