@@ -33,14 +33,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from contextlib import suppress
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
 
 from ...errors import CheckpointError
 from ...format.records import AgentBoundaryRecord
@@ -52,6 +48,17 @@ from ...server import (
     install_error_handlers,
     install_participant,
     run_blocking,
+)
+from ._simple_steps import (
+    EPISODE,
+    Episode,
+    Refused,
+    build_trajectory,
+    item_json,
+    now,
+    raise_refusal,
+    tool_call,
+    typed_items,
 )
 from .agent import CALL_ID_HEADER, FINISH_PATH, WAIT_SECONDS, _cookies, _revision
 from .identity import execution_from_capture_key, execution_from_run_body
@@ -76,7 +83,6 @@ from nemo_gym.rollout_observability import (
     TrajectoryTurn,
 )
 from nemo_gym.server_utils import get_response_json, raise_for_status, rollout_path_prefix
-from nemo_gym.server_utils import request as http_request
 from nemo_gym.tool_access import DirectHTTPToolAccess
 from responses_api_agents.simple_agent.app import (
     SimpleAgent,
@@ -94,26 +100,6 @@ _RESPONSES_IDENTITY = (
     "(/ng-rollout/<rollout id>-a<N>/... for attempt N), seed an agent session with an episode_id, "
     "or use /run"
 )
-
-
-@dataclass
-class _Episode:
-    """The run ``_create_episode`` serves (set by ``run`` / ``responses`` in this task)."""
-
-    execution: ExecutionId
-    restored: AgentBoundaryRecord | None
-    seed_revisions: dict[str, dict[str, int]]
-    steps: list[dict[str, int]] = field(default_factory=list)
-    """Every step the rollout took (``{"step", "attempt"}``), earlier attempts' included."""
-
-
-_EPISODE: ContextVar[_Episode | None] = ContextVar("rollout_checkpoint_simple_agent_episode", default=None)
-
-
-class _Refused(Exception):
-    def __init__(self, response: JSONResponse) -> None:
-        super().__init__("refused")
-        self.response = response
 
 
 class CheckpointedSimpleAgent(SimpleAgent):
@@ -158,7 +144,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
         restored = await self._begin(execution, restart_only=False)
         try:
             result = await self._run_checkpointed(request, body, execution, restored)
-        except _Refused as refused:
+        except Refused as refused:
             result = refused.response
         finally:
             self._finish(execution)
@@ -194,13 +180,13 @@ class CheckpointedSimpleAgent(SimpleAgent):
             return error_response(400, "rollout_id_required", _RESPONSES_IDENTITY)
         # an agent session's state lives in Gym's session table, which no restore rebuilds
         restored = await self._begin(execution, restart_only=session_id is not None)
-        token = _EPISODE.set(_Episode(execution, restored, {}))
+        token = EPISODE.set(Episode(execution, restored, {}))
         try:
             return await super().responses(request, response, body)
-        except _Refused as refused:
+        except Refused as refused:
             return refused.response
         finally:
-            _EPISODE.reset(token)
+            EPISODE.reset(token)
             self._finish(execution)
 
     async def _begin(self, execution: ExecutionId, *, restart_only: bool) -> AgentBoundaryRecord | None:
@@ -215,9 +201,9 @@ class CheckpointedSimpleAgent(SimpleAgent):
 
     async def _post(self, server: str, path: str, **kwargs: Any) -> Any:
         """``server_client.post``; an SDK refusal downstream (``{"error": {code, detail}}``) is
-        raised as :class:`_Refused` and answered as it came."""
+        raised as :class:`Refused` and answered as it came."""
         response = await self.server_client.post(server_name=server, url_path=path, **kwargs)
-        await _raise_refusal(response)
+        await raise_refusal(response)
         return response
 
     # -- /run ---------------------------------------------------------------------------------------
@@ -241,8 +227,8 @@ class CheckpointedSimpleAgent(SimpleAgent):
             seed_revisions = _revision(seeded)
         token_capture = self._token_id_capture_enabled()
         collect = self._model_call_capture_enabled()
-        episode = _Episode(execution, restored, seed_revisions)
-        episode_token = _EPISODE.set(episode)
+        episode = Episode(execution, restored, seed_revisions)
+        episode_token = EPISODE.set(episode)
         try:
             model_response, trajectory, model_cookies, resources_cookies = await self._create_episode(
                 body.responses_create_params,
@@ -254,7 +240,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
                 collect_trajectory=collect,
             )
         finally:
-            _EPISODE.reset(episode_token)
+            EPISODE.reset(episode_token)
         model_response_json = model_response.model_dump(mode="json")
         cookies = {**dict(resources_cookies or {}), **_cookies(model_cookies)}
         if trajectory is not None:
@@ -322,7 +308,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
         rollout_id: str = "unscoped",
         collect_trajectory: bool = False,
     ) -> tuple[NeMoGymResponse, TrajectoryRecord | None, Any, Any]:
-        episode = _EPISODE.get()
+        episode = EPISODE.get()
         if episode is None:
             raise RuntimeError(
                 "the checkpointed simple agent runs an episode only inside /run or /v1/responses"
@@ -352,7 +338,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
             self._boundary(execution, state)
         else:
             state = json.loads(episode.restored.agent_state or b"{}")
-        new_outputs = _typed_items(params, state["outputs"])
+        new_outputs = typed_items(params, state["outputs"])
         usage = None if state["usage"] is None else NeMoGymResponseUsage.model_validate(state["usage"])
         traj = state["trajectory"]
         model_server_cookies: dict[str, str] = dict(state["model_cookies"])
@@ -364,7 +350,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
             await admission.call(lambda: participant.start_turn(execution), timeout=WAIT_SECONDS)
             call_id = f"step-{step}"
             new_body = body.model_copy(update={"input": body.input + new_outputs})
-            started = _now()
+            started = now()
             waiting = participant.awaiting_model(execution, call_id)
             waiting.__enter__()
             try:
@@ -439,9 +425,15 @@ class CheckpointedSimpleAgent(SimpleAgent):
             if not execute_tools:
                 break
             for fn_call in calls:
-                started = _now()
-                tool_output, status, error_type, revision = await self._tool_call(
-                    fn_call, tool_access, in_session, resources_server_cookies, execution
+                started = now()
+                tool_output, status, error_type, revision = await tool_call(
+                    self.server_client,
+                    None if self.config.resources_server is None else self.config.resources_server.name,
+                    fn_call,
+                    tool_access,
+                    in_session,
+                    resources_server_cookies,
+                    execution.capture_key,
                 )
                 if revision:
                     state["revisions"] = revision
@@ -452,8 +444,8 @@ class CheckpointedSimpleAgent(SimpleAgent):
                             tool_call_id=fn_call.call_id,
                             tool_name=fn_call.name,
                             started_at=started,
-                            completed_at=max(started, _now()),
-                            duration_ms=max(0.0, (_now() - started) * 1000),
+                            completed_at=max(started, now()),
+                            duration_ms=max(0.0, (now() - started) * 1000),
                             timing_source="executor",
                             status=status,
                             error_type=error_type,
@@ -473,7 +465,7 @@ class CheckpointedSimpleAgent(SimpleAgent):
                 break
             state.update(
                 step=step,
-                outputs=[_item_json(item) for item in new_outputs],
+                outputs=[item_json(item) for item in new_outputs],
                 usage=None if usage is None else usage.model_dump(mode="json"),
                 model_cookies=model_server_cookies,
                 resources_cookies=resources_server_cookies,
@@ -485,85 +477,16 @@ class CheckpointedSimpleAgent(SimpleAgent):
         model_response.usage = usage
         trajectory = None
         if collect_trajectory:
-            from nemo_gym.rollout_observability import AgentInvocation
-
-            invocation = AgentInvocation(
+            trajectory = build_trajectory(
+                traj,
                 invocation_id=invocation_id,
                 status=invocation_status,
-                model_calls=[ModelCallRef.model_validate(c) for c in traj["model_calls"]],
                 conversation=[*body.input, *new_outputs],
-            )
-            trajectory = TrajectoryRecord(
                 task_id=task_id,
                 rollout_id=rollout_id,
-                invocations=[invocation],
-                turns=[  # turns an earlier attempt took, under this attempt's identity
-                    TrajectoryTurn.model_validate({**t, "task_id": task_id, "rollout_id": rollout_id})
-                    for t in traj["turns"]
-                ],
-                tool_calls=[TrajectoryToolCall.model_validate(t) for t in traj["tool_calls"]],
-                gaps=[ObservationGap.model_validate(g) for g in traj["gaps"]],
             )
         episode.steps = state["steps"]
         return model_response, trajectory, model_server_cookies, resources_server_cookies
-
-    async def _tool_call(
-        self,
-        fn_call: Any,
-        tool_access: DirectHTTPToolAccess | None,
-        in_session: bool,
-        cookies: dict[str, str],
-        execution: ExecutionId,
-    ) -> tuple[str, str, str | None, dict[str, dict[str, int]]]:
-        """One tool call as Gym's loop makes it (``cookies`` is updated in place): the output,
-        its trajectory status and error type, and the resources session's revision."""
-        try:
-            arguments = json.loads(fn_call.arguments)
-        except (json.JSONDecodeError, TypeError) as e:
-            return (
-                json.dumps({"error": f"Invalid tool call arguments: {e!r}"}),
-                "failed",
-                type(e).__name__,
-                {},
-            )
-        prefix = rollout_path_prefix(execution.capture_key)
-        if tool_access is not None:
-            response = await http_request(
-                method="POST",
-                url=f"{str(tool_access.base_url).rstrip('/')}/{fn_call.name}",
-                json=arguments,
-                cookies=cookies,
-                headers=dict(tool_access.headers),
-                _internal=True,
-            )
-        else:
-            if in_session:
-                raise RuntimeError(
-                    f"Model called tool {fn_call.name!r}, but this agent session has no direct HTTP "
-                    "tool access"
-                )
-            if self.config.resources_server is None:
-                raise RuntimeError(
-                    "Simple Agent received a tool call without direct HTTP tool access "
-                    "or a legacy resources_server configuration"
-                )
-            response = await self.server_client.post(
-                server_name=self.config.resources_server.name,
-                url_path=f"{prefix}/{fn_call.name}",
-                json=arguments,
-                cookies=cookies,
-            )
-            if response.status == 409:  # an SDK refusal (a stale attempt, an unknown session)
-                await _raise_refusal(response)
-        output = (await response.read()).decode()
-        cookies.update(_cookies(response.cookies))
-        completed = 200 <= response.status < 400
-        return (
-            output,
-            "completed" if completed else "failed",
-            None if completed else f"http_{response.status}",
-            (_revision(response)),
-        )
 
     def _boundary(self, execution: ExecutionId, state: dict[str, Any]) -> None:
         usage = {k: int(v) for k, v in (state["usage"] or {}).items() if isinstance(v, int)}
@@ -586,35 +509,3 @@ class CheckpointedSimpleAgent(SimpleAgent):
                 agent_state=json.dumps(state, separators=(",", ":"), sort_keys=True).encode(),
             ),
         )
-
-
-async def _raise_refusal(response: Any) -> None:
-    if response.status < 400:
-        return
-    try:
-        error = (await get_response_json(response))["error"]
-        code, detail = str(error["code"]), str(error["detail"])
-    except Exception:
-        return  # not the SDK's shape: the caller handles it as Gym does
-    raise _Refused(JSONResponse({"error": {"code": code, "detail": detail}}, status_code=response.status))
-
-
-def _item_json(item: Any) -> Any:
-    if hasattr(item, "model_dump"):
-        return item.model_dump(mode="json", exclude_unset=True)
-    return item
-
-
-def _typed_items(params: dict[str, Any], items: list[Any]) -> list[Any]:
-    """Stored output items as the typed input items Gym's loop appends (``[]`` for none)."""
-    if not items:
-        return []
-    typed = NeMoGymResponseCreateParamsNonStreaming.model_validate(
-        {**params, "input": [*params["input"], *items]}
-    )
-    assert isinstance(typed.input, list)
-    return list(typed.input[len(params["input"]) :])
-
-
-def _now() -> float:
-    return time.time()
