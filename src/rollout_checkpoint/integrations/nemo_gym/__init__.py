@@ -8,6 +8,8 @@
   every other server restart-only);
 * :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
   resuming a restored rollout at it;
+* :class:`CheckpointedSimpleAgent` - Gym's ``simple_agent``, reporting a boundary after each
+  model call and its tool calls and resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
   the policy model;
 * :class:`CheckpointedOpenAIModel` / :class:`CheckpointedVLLMModel` - Gym's own ``openai_model`` /
@@ -38,6 +40,7 @@ __all__ = [
     "COUNTER",
     "CheckpointedGymnasiumAgent",
     "CheckpointedOpenAIModel",
+    "CheckpointedSimpleAgent",
     "CheckpointedVLLMModel",
     "GYM_VERSION_TESTED",
     "GymDeployment",
@@ -87,6 +90,7 @@ _WHERE = {
     "attach": ".resources",
     "checkpointed": ".resources",
     "CheckpointedGymnasiumAgent": ".agent",
+    "CheckpointedSimpleAgent": ".simple_agent",
     "ScriptedResponsesModel": ".model",
     "CheckpointedOpenAIModel": ".openai_model",
     "CheckpointedVLLMModel": ".vllm_model",

@@ -16,6 +16,7 @@ server's name in it) plus ``ROLLOUT_CHECKPOINT_TOKEN`` and ``ROLLOUT_CHECKPOINT_
   ``vllm_model`` starts :class:`~.vllm_model.CheckpointedVLLMModel`, any other type
   :class:`~.model.ScriptedResponsesModel`;
 * ``openai-model`` - :class:`~.openai_model.CheckpointedOpenAIModel` whatever the type's name.
+* ``simple-agent`` - :class:`~.simple_agent.CheckpointedSimpleAgent`.
 
 A mistake (a class that is already checkpointed, an agent or model class given as
 ``resources``, a ``--spec`` that is not a :class:`~.specs.SessionSpec`) is one line on stderr
@@ -39,7 +40,10 @@ __all__ = ["build_resources", "load_class", "load_spec", "main"]
 WORKERS_ENV = "ROLLOUT_CHECKPOINT_WORKERS"
 CLASS_ENV = "ROLLOUT_CHECKPOINT_GYM_CLASS"
 SPEC_ENV = "ROLLOUT_CHECKPOINT_GYM_SPEC"
-_USAGE = "usage: launch resources module:Class [--spec module:NAME] | agent | model | openai-model"
+_ROLES = ("resources", "agent", "simple-agent", "model", "openai-model")
+_USAGE = (
+    "usage: launch resources module:Class [--spec module:NAME] | agent | simple-agent | model | openai-model"
+)
 
 
 class LaunchError(Exception):
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: list[str]) -> int:
-    if not args or args[0] not in ("resources", "agent", "model", "openai-model"):
+    if not args or args[0] not in _ROLES:
         print(_USAGE, file=sys.stderr)
         return 2
     role = args[0]
@@ -170,6 +174,10 @@ def _main(args: list[str]) -> int:
         from .agent import CheckpointedGymnasiumAgent
 
         CheckpointedGymnasiumAgent.run_webserver()
+    elif role == "simple-agent":
+        from .simple_agent import CheckpointedSimpleAgent
+
+        CheckpointedSimpleAgent.run_webserver()
     elif role == "openai-model" or _model_type() == "openai_model":
         from .openai_model import CheckpointedOpenAIModel
 
