@@ -23,7 +23,9 @@ _HEAD = (
     "from nemo_gym.server_utils import HeadServer; _, thread, _ = HeadServer.run_webserver(); thread.join()"
 )
 _RELAY = (
-    "from environment_servers.legacy_agent.app import LegacyAgentEnvironmentServer as S; S.run_webserver()"
+    "from environment_servers.legacy_agent.app import LegacyAgentEnvironmentServer as S\n"
+    "class Relay(S):\n    ray_enabled = False\n"  # a relay needs no Ray cluster
+    "Relay.run_webserver()"
 )
 
 
@@ -82,12 +84,14 @@ class CollectDeployment(GymDeployment):
         super().stop()
 
 
-def write_input(path: Path, rollouts: int, seed: int = 0) -> Path:
-    """A Gym input JSONL of blackjack tasks (``seed`` makes each deal reproducible)."""
+def write_input(path: Path, seeds: dict[str, int]) -> Path:
+    """A Gym input JSONL of blackjack tasks: ``{rollout id: seed}`` (the seed makes each deal
+    reproducible; explicit ``_ng_rollout_id`` s keep runs on one deployment apart)."""
     path.write_text(
         "".join(
-            json.dumps({"responses_create_params": {"input": PROMPT}, "seed": seed * 1000 + i}) + "\n"
-            for i in range(rollouts)
+            json.dumps({"responses_create_params": {"input": PROMPT}, "seed": seed, "_ng_rollout_id": rid})
+            + "\n"
+            for rid, seed in seeds.items()
         )
     )
     return path

@@ -83,7 +83,8 @@ class CollectSettings:
     server serves its config to anyone who asks); ``checkpoint_every_s`` (600); ``run_id``
     (default: derived from the output path, so a re-run resumes); ``participants`` (server names;
     default every resources server, agent and model server, and every environment server that is
-    not a stateless relay); ``accept_unsafe_store``; ``deadline_s`` (120) per checkpoint.
+    not a stateless relay); ``accept_unsafe_store``; ``deadline_s`` (120) per checkpoint;
+    ``takeover`` (a store holds one run: a new collection on a store another run owns needs it).
     """
 
     store: str
@@ -93,6 +94,7 @@ class CollectSettings:
     participants: tuple[str, ...] | None = None
     accept_unsafe_store: bool = False
     deadline_s: float = 120.0
+    takeover: bool = False
 
     @classmethod
     def from_config(cls, *blocks: Mapping[str, Any] | None) -> CollectSettings:
@@ -140,8 +142,9 @@ class CollectSettings:
             checkpoint_every_s=every,
             run_id=None if merged.get("run_id") is None else validate_id(str(merged["run_id"]), "run_id"),
             participants=None if names is None else tuple(str(n) for n in names),
-            accept_unsafe_store=str(unsafe).lower() in ("1", "true", "yes"),
+            accept_unsafe_store=_flag(unsafe),
             deadline_s=float(merged.get("deadline_s", 120.0)),
+            takeover=_flag(merged.get("takeover", False)),
         )
 
     def run_id_for(self, output: Path) -> str:
@@ -149,6 +152,10 @@ class CollectSettings:
             return self.run_id
         digest = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:20]
         return f"gym-collect-{digest}"
+
+
+def _flag(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes")
 
 
 def server_urls(global_config: Mapping[str, Any], names: tuple[str, ...] | None) -> dict[str, str]:
@@ -270,6 +277,7 @@ class CollectionController:
             ObjectStoreTokenStore(settings.store),
             accept_unsafe_store=settings.accept_unsafe_store,
             run_id=settings.run_id_for(output),
+            takeover=settings.takeover,
         )
 
     # -- the write gate ---------------------------------------------------------------------------

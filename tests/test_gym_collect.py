@@ -1,0 +1,220 @@
+"""``rollout-checkpoint gym collect`` (Gym's ``ng_collect_rollouts``, checkpointed) as a real
+process against real Gym servers (the checkpointed blackjack deployment plus Gym's head server
+and ``legacy_agent`` relay): checkpoints on its timer, on SIGUSR1 (and goes on) and on SIGTERM
+(exit 75); SIGKILLed or preempted, the same command again resumes from the last checkpoint and
+the output equals an uninterrupted run's (Gym's blackjack and the same scripted policy, played
+in this process), and Gym's own aggregation runs on it.
+
+The scripted model's gate holds each game's second model call, so a signal always finds games
+mid-episode; every wait is on a condition, bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _gym import require_gym
+from _procs import kill_mentioning
+
+require_gym()
+
+from _gym_collect import CollectDeployment, collect_args, read_rows, write_input  # noqa: E402
+from rollout_checkpoint.format.commit_log import list_published  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym.collect import CollectSettings  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym.deployment import GymServers  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym.scenario import _texts, reference_run  # noqa: E402
+from rollout_checkpoint.reader import load_checkpoint  # noqa: E402
+from rollout_checkpoint.store import open_store  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROLLOUTS = 6
+_CLI = "import sys; from rollout_checkpoint.cli import main; sys.argv[0] = 'rollout-checkpoint'; main()"
+_GYM = "import sys; from nemo_gym.cli.legacy import main; sys.argv[0] = '{name}'; sys.exit(main())"
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CollectDeployment]:
+    """One deployment for the module: each test's rows have their own rollout ids and run id."""
+    root = tmp_path_factory.mktemp("gym-collect")
+    deployment = CollectDeployment(
+        GymServers(store=str(root / "store"), workdir=root / "servers", model_delay_s=0.05)
+    )
+    try:
+        deployment.start_all()
+        yield deployment
+    finally:
+        deployment.stop()
+        left = kill_mentioning(str(root))  # every process has TMPDIR under root
+        assert left == [], f"processes left running: {left}"
+
+
+@pytest.fixture
+def run(dep: CollectDeployment, tmp_path: Path) -> Iterator[Path]:
+    """This test's folder; the model's gate is closed while it runs."""
+    dep.hold_model()
+    try:
+        yield tmp_path
+    finally:
+        dep.release_model()
+        left = kill_mentioning(str(tmp_path))  # a collector this test started
+        assert left == [], f"collectors left running: {left}"
+
+
+def _seeds(tag: str) -> dict[str, int]:
+    return {f"{tag}-{i}": i for i in range(ROLLOUTS)}
+
+
+def _env(dep: CollectDeployment, tmp: Path) -> dict[str, str]:
+    return {**os.environ, "ROLLOUT_CHECKPOINT_TOKEN": dep.token, "NO_PROXY": "127.0.0.1", "TMPDIR": str(tmp)}
+
+
+def _start(dep: CollectDeployment, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", _CLI, "gym", "collect", *args],
+            env=_env(dep, log.parent),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _wait(what: str, done: Callable[[], bool], timeout_s: float = 90.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < end, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.05)
+
+
+def _finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) -> int:
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(
+            f"the collector did not end within {timeout_s:.0f} s: {log.read_text()[-3000:]}"
+        ) from None
+
+
+def _plans(dep: CollectDeployment, out: Path) -> list[dict[str, int]]:
+    """The counts of every checkpoint the collection into ``out`` published, oldest first."""
+    store = open_store(dep.servers.store)
+    run_id = CollectSettings(store="-", token="-").run_id_for(out)
+    plans = [load_checkpoint(store, p.checkpoint_id) for p in list_published(store)]
+    mine = sorted((p for p in plans if p.record.run_id == run_id), key=lambda p: p.record.sequence)
+    return [{k: int(v) for k, v in p.counts().items()} for p in mine]
+
+
+def _mid_episode(dep: CollectDeployment, out: Path, seeds: dict[str, int]) -> bool:
+    """Every game either is in the output or waits at the gate (after its first step)."""
+    held = {c["rollout_id"] for c in dep.held_calls()}
+    written = {r["_ng_rollout_id"] for r in read_rows(out)} if out.exists() else set()
+    return set(seeds) <= held | written
+
+
+def _assert_as_uninterrupted(out: Path, seeds: dict[str, int]) -> list[dict[str, Any]]:
+    rows = read_rows(out)
+    assert sorted(r["_ng_rollout_id"] for r in rows) == sorted(seeds)  # every row once
+    reference = reference_run(0, seeds, 6)  # Gym's blackjack and the scripted policy, uninterrupted
+    for row in rows:
+        ref = reference[row["_ng_rollout_id"]]
+        assert row["reward"] == ref["reward"], (row["_ng_rollout_id"], row["reward"], ref)
+        assert _texts(row["response"]["output"]) == ref["texts"], row["_ng_rollout_id"]
+    return rows
+
+
+def _resume(dep: CollectDeployment, args: list[str], log: Path) -> str:
+    """Re-run the same command; open the model's gate once it restored (a held call of the dead
+    run's attempt then meets the fence); returns its log."""
+    rerun = _start(dep, args, log)
+    _wait(
+        "the re-run restores the checkpoint",
+        lambda: "restored" in log.read_text() or rerun.poll() is not None,
+    )
+    dep.release_model()
+    code = _finish(rerun, log)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    return text
+
+
+def test_an_uninterrupted_collection_checkpoints_on_its_timer_and_completes_every_row(
+    dep: CollectDeployment, run: Path
+) -> None:
+    seeds = _seeds("timer")
+    inp, out, log = write_input(run / "in.jsonl", seeds), run / "out.jsonl", run / "collect.log"
+    proc = _start(dep, collect_args(dep, inp, out, checkpoint_every_s=0.2), log)
+    _wait("every game is mid-episode or written", lambda: _mid_episode(dep, out, seeds))
+    _wait("a timer checkpoint while games wait", lambda: any(p["continue"] for p in _plans(dep, out)))
+    dep.release_model()
+    assert _finish(proc, log) == 0, log.read_text()[-3000:]
+    rows = _assert_as_uninterrupted(out, seeds)
+    assert all(r["_ng_attempt_index"] == 0 for r in rows)
+    assert "(timer;" in log.read_text()
+    assert _plans(dep, out)[-1] == {"completed": ROLLOUTS, "continue": 0, "fresh_dispatch": 0}
+    for name in ("out_materialized_inputs.jsonl", "out_failures.jsonl", "out_aggregate_metrics.json"):
+        assert (run / name).exists(), name  # Gym's own artifacts
+
+
+def test_a_sigkilled_collector_resumes_after_a_sigusr1_checkpoint(dep: CollectDeployment, run: Path) -> None:
+    seeds = _seeds("kill")
+    inp, out = write_input(run / "in.jsonl", seeds), run / "out.jsonl"
+    args = collect_args(dep, inp, out, checkpoint_every_s=600, takeover="true")
+    proc = _start(dep, args, run / "first.log")
+    _wait("every game is mid-episode or written", lambda: _mid_episode(dep, out, seeds))
+    written_before = {r["_ng_rollout_id"] for r in read_rows(out)}
+    before = len(_plans(dep, out))
+    proc.send_signal(signal.SIGUSR1)
+    _wait("the SIGUSR1 checkpoint", lambda: len(_plans(dep, out)) > before)
+    assert proc.poll() is None  # SIGUSR1: checkpoint and go on
+    last = _plans(dep, out)[-1]
+    assert last["continue"] >= 1 and last["completed"] == len(written_before), last
+    proc.kill()
+    proc.wait(10)
+    text = _resume(dep, args, run / "rerun.log")
+    rows = _assert_as_uninterrupted(out, seeds)
+    attempts = {r["_ng_rollout_id"]: r["_ng_attempt_index"] for r in rows}
+    assert all(attempts[r] == 0 for r in written_before)  # a written row never ran again
+    assert sum(1 for a in attempts.values() if a == 1) == last["continue"]  # continued as attempt N+1
+    assert _plans(dep, out)[-1] == {"completed": ROLLOUTS, "continue": 0, "fresh_dispatch": 0}, text[-2000:]
+
+
+def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes(dep: CollectDeployment, run: Path) -> None:
+    seeds = _seeds("term")
+    inp, out, log = write_input(run / "in.jsonl", seeds), run / "out.jsonl", run / "first.log"
+    args = collect_args(dep, inp, out, checkpoint_every_s=600, takeover="true")
+    proc = _start(dep, args, log)
+    _wait("every game is mid-episode or written", lambda: _mid_episode(dep, out, seeds))
+    proc.send_signal(signal.SIGTERM)
+    assert _finish(proc, log) == 75, log.read_text()[-3000:]
+    assert _plans(dep, out)[-1]["continue"] >= 1
+    _resume(dep, args, run / "rerun.log")
+    rows = _assert_as_uninterrupted(out, seeds)
+    # Gym's own aggregation over the output, unchanged
+    merged = run / "agg" / "merged.jsonl"
+    agg = subprocess.run(
+        [sys.executable, "-c", _GYM.format(name="ng_aggregate_rollouts"), "+head_server.host=127.0.0.1",
+         f"+head_server.port={dep.ports['head']}", f"+input_glob={out}", f"+output_jsonl_fpath={merged}"],
+        env=_env(dep, run), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert agg.returncode == 0, agg.stdout[-2000:] + agg.stderr[-2000:]
+    metrics = json.loads((run / "agg" / "merged_aggregate_metrics.json").read_text())
+    mean = sum(r["reward"] for r in rows) / len(rows)
+    assert mean in _numbers(metrics), metrics
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
