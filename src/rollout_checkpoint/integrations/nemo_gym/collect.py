@@ -101,15 +101,7 @@ class CollectSettings:
         """From ``rollout_checkpoint`` blocks (earlier ones win) and the environment."""
         merged: dict[str, Any] = {}
         for block in reversed(blocks):
-            merged.update({k: v for k, v in dict(block or {}).items() if v is not None})
-        unknown = sorted(set(merged) - {*cls.__dataclass_fields__, "token_file"} - {"token"})
-        if "token" in merged:
-            raise InvalidArgumentError(
-                f"{SECTION}.token is not read (the head server serves the config): use "
-                f"{SECTION}.token_file or ROLLOUT_CHECKPOINT_TOKEN"
-            )
-        if unknown:
-            raise InvalidArgumentError(f"unknown {SECTION} setting(s): {', '.join(unknown)}")
+            merged.update({k: v for k, v in cls.check_keys(block).items() if v is not None})
         store = str(merged.get("store") or os.environ.get("ROLLOUT_CHECKPOINT_STORE", ""))
         if not store:
             raise InvalidArgumentError(
@@ -146,6 +138,20 @@ class CollectSettings:
             deadline_s=float(merged.get("deadline_s", 120.0)),
             takeover=_flag(merged.get("takeover", False)),
         )
+
+    @classmethod
+    def check_keys(cls, block: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The block as a dict; an unknown key or an inline token is refused."""
+        out = {str(k): v for k, v in dict(block or {}).items()}
+        if "token" in out:
+            raise InvalidArgumentError(
+                f"{SECTION}.token is not read (Gym's head server serves the config to anyone): use "
+                f"{SECTION}.token_file or ROLLOUT_CHECKPOINT_TOKEN"
+            )
+        unknown = sorted(set(out) - {*cls.__dataclass_fields__, "token_file"})
+        if unknown:
+            raise InvalidArgumentError(f"unknown {SECTION} setting(s): {', '.join(unknown)}")
+        return out
 
     def run_id_for(self, output: Path) -> str:
         if self.run_id is not None:
@@ -438,7 +444,10 @@ class CheckpointingCollector(RolloutCollectionHelper):
     # -- the run ------------------------------------------------------------------------------------
     async def run_from_config(self, config: RolloutCollectionConfig) -> Any:
         ctl = self.controller
-        server_config = dict(super().setup_server_client().global_config_dict)
+        try:
+            server_config = dict(super().setup_server_client().global_config_dict)
+        except ValueError as exc:  # Gym's "Could not connect to the head server at ..."
+            raise InvalidArgumentError(" ".join(str(exc).split())) from None
         output = Path(config.output_jsonl_fpath)
         await asyncio.to_thread(ctl.setup, server_config, output)
         await asyncio.to_thread(ctl.start, config)
@@ -530,6 +539,7 @@ def main(overrides: list[str]) -> int:
     except ConfigError as exc:
         raise InvalidArgumentError(" ".join(str(exc).split())) from None
     assert isinstance(resolved, dict)
+    CollectSettings.check_keys(resolved.get(SECTION))
     collector = CheckpointingCollector(global_config={str(k): v for k, v in resolved.items()})
     try:
         asyncio.run(collector.run_from_config(config))
