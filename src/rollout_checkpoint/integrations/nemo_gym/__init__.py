@@ -7,7 +7,10 @@
 * :class:`CheckpointedGymnasiumAgent` - Gym's gymnasium agent, reporting a boundary per step and
   resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
-  the policy model.
+  the policy model;
+* :class:`CheckpointingCollector` - Gym's rollout collection, checkpointed and resumable
+  (``rollout-checkpoint gym collect``; the ``rollout_collection_driver``
+  ``rollout_checkpoint.integrations.nemo_gym.collect:collect``).
 
 Gym is imported only when one of these names is first used (module ``__getattr__``), so
 ``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
@@ -26,6 +29,8 @@ __all__ = [
     "GYM_VERSION_TESTED",
     "WORDLE",
     "CheckpointedGymnasiumAgent",
+    "CheckpointingCollector",
+    "CollectSettings",
     "GymNotInstalledError",
     "GymResourcesParticipant",
     "RolloutIdentityRequiredError",
@@ -50,6 +55,8 @@ _WHERE = {
     "checkpointed": ".resources",
     "CheckpointedGymnasiumAgent": ".agent",
     "ScriptedResponsesModel": ".model",
+    "CheckpointingCollector": ".collect",
+    "CollectSettings": ".collect",
 }
 
 INSTALL_HINT = (
