@@ -10,8 +10,9 @@
 # dependency and pip picks a scipy source build), so the wheel goes in with --no-deps and its
 # serving dependencies are installed normally. Why the odd ones: `wandb` (imported at module
 # level by nemo_gym.reward_profile), `ray` (nemo_gym.global_config reads its installed version;
-# ray itself is never started), `anthropic` (the model-server base converts Messages requests),
-# `yappi`, `pydot`, `pandas`, `scipy` (imported at module level). On Python >= 3.13.14 use
+# the SDK's servers never start ray; Gym's `ng_run` starts a local cluster), `anthropic` (the model-server base converts Messages requests),
+# `yappi`, `pydot`, `pandas`, `scipy` (imported at module level), `devtools` and `psutil` (Gym's
+# CLI, `ng_run` / `ng_collect_rollouts` / `gym`, imports them). On Python >= 3.13.14 use
 # `pip install 'rollout-checkpoint[nemo-gym]'` instead.
 set -euo pipefail
 PY="${1:-python3}"
@@ -24,6 +25,6 @@ trap 'rm -rf "$tmp"' EXIT
 "$PY" -m pip install -q \
     "openai==2.44.0" "anthropic<=0.109.2" fastapi uvicorn httptools itsdangerous aiohttp anyio \
     omegaconf hydra-core orjson requests rich pyyaml typing_extensions pydantic \
-    ray yappi pydot pandas scipy wandb
-"$PY" -c "import resources_servers.blackjack.app, responses_api_agents.gymnasium_agent.app, nemo_gym.base_responses_api_model" \
+    ray yappi pydot pandas scipy wandb devtools psutil
+"$PY" -c "import resources_servers.blackjack.app, responses_api_agents.gymnasium_agent.app, nemo_gym.base_responses_api_model, nemo_gym.cli.main, nemo_gym.cli.env" \
     || { echo "NeMo Gym ${GYM_VERSION} installed but does not import" >&2; exit 1; }

@@ -46,9 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --rollouts and --workers must be at least 1", file=sys.stderr)
         return 1
     try:
-        from rollout_checkpoint.integrations.nemo_gym import GymNotInstalledError
-        from rollout_checkpoint.integrations.nemo_gym.deployment import GymServers
-        from rollout_checkpoint.integrations.nemo_gym.scenario import run_scenario
+        from rollout_checkpoint.integrations.nemo_gym import GymNotInstalledError, GymServers, run_scenario
     except ImportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

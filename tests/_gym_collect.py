@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from rollout_checkpoint.integrations.nemo_gym.deployment import AGENT_NAME, GymDeployment, free_port
-from rollout_checkpoint.integrations.nemo_gym.scenario import PROMPT
+from rollout_checkpoint.integrations.nemo_gym.scenario import (
+    AGENT_NAME,
+    PROMPT,
+    BlackjackDeployment,
+    GymServers,
+)
 
 RELAY_NAME = "blackjack_environment_server"
 _HEAD = (
@@ -29,13 +32,8 @@ _RELAY = (
 )
 
 
-class CollectDeployment(GymDeployment):
-    """The three checkpointed servers, Gym's head server and the relay."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.ports["relay"] = free_port()
-        self.extras: dict[str, subprocess.Popen[bytes]] = {}
+class CollectServers(GymServers):
+    """The blackjack servers' config plus Gym's ``legacy_agent`` relay in front of the agent."""
 
     def gym_config(self) -> dict[str, Any]:
         config = super().gym_config()
@@ -43,45 +41,65 @@ class CollectDeployment(GymDeployment):
             "environment_servers": {
                 "legacy_agent": {
                     "entrypoint": "app.py",
-                    "host": "127.0.0.1",
-                    "port": self.ports["relay"],
                     "agent_server": {"type": "responses_api_agents", "name": AGENT_NAME},
                 }
             }
         }
         return config
 
+    def deployment(self) -> CollectDeployment:
+        return CollectDeployment(self)
+
+
+class CollectDeployment(BlackjackDeployment):
+    """The three checkpointed servers, Gym's head server and the relay (without the Ray cluster
+    Gym would start for it)."""
+
+    def __init__(self, servers: CollectServers) -> None:
+        super().__init__(servers)
+        self.other_servers = {}  # the relay starts below, Ray-free
+        self.extras: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def head_port(self) -> int:
+        return int(self.config["head_server"]["port"])
+
+    def extra_url(self, name: str) -> str:
+        if name == "head":
+            return f"http://127.0.0.1:{self.head_port}"
+        port = self.config[RELAY_NAME]["environment_servers"]["legacy_agent"]["port"]
+        return f"http://127.0.0.1:{port}"
+
     def start_all(self) -> None:
         super().start_all()
         for name, code in (("head", _HEAD), ("relay", _RELAY)):
-            env = self._env("agent", False)
+            env = self.environment("agent")
             env["NEMO_GYM_CONFIG_PATH"] = RELAY_NAME if name == "relay" else "head_server"
             log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (owned by the process)
             self.extras[name] = subprocess.Popen(
-                [sys.executable, "-c", code],
+                [self.python, "-c", code],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
             log.close()
+            self.procs[f"extra-{name}"] = self.extras[name]  # stop() ends it with the servers
         end = time.monotonic() + 90
         for name, path in (("head", "/global_config_dict_yaml"), ("relay", "/docs")):
             while True:
                 if self.extras[name].poll() is not None or time.monotonic() > end:
-                    raise RuntimeError(
-                        f"{name} did not start: {(self.workdir / f'{name}.log').read_text()[-2000:]}"
-                    )
+                    text = (self.workdir / f"{name}.log").read_text()[-2000:]
+                    raise RuntimeError(f"{name} did not start: {text}")
                 try:
-                    if httpx.get(f"{self.url(name)}{path}", timeout=2, trust_env=False).status_code == 200:
+                    if (
+                        httpx.get(f"{self.extra_url(name)}{path}", timeout=2, trust_env=False).status_code
+                        == 200
+                    ):
                         break
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.procs.update({f"extra-{k}": v for k, v in self.extras.items()})
-        super().stop()
 
 
 def write_input(path: Path, seeds: dict[str, int]) -> Path:
@@ -101,11 +119,11 @@ def collect_args(dep: CollectDeployment, inp: Path, out: Path, **extra: Any) -> 
     """The Hydra overrides of ``ng_collect_rollouts`` plus the checkpointing block."""
     args = [
         "+head_server.host=127.0.0.1",
-        f"+head_server.port={dep.ports['head']}",
+        f"+head_server.port={dep.head_port}",
         f"+input_jsonl_fpath={inp}",
         f"+output_jsonl_fpath={out}",
         f"+agent_name={AGENT_NAME}",
-        f"+rollout_checkpoint.store={dep.servers.store}",
+        f"+rollout_checkpoint.store={dep.store}",
     ]
     args += [f"+rollout_checkpoint.{k}={v}" for k, v in extra.items()]
     return args

@@ -27,10 +27,9 @@ from _procs import kill_mentioning
 
 require_gym()
 
-from _gym_collect import CollectDeployment, collect_args, read_rows, write_input  # noqa: E402
+from _gym_collect import CollectDeployment, CollectServers, collect_args, read_rows, write_input  # noqa: E402
 from rollout_checkpoint.format.commit_log import list_published  # noqa: E402
 from rollout_checkpoint.integrations.nemo_gym.collect import CollectSettings  # noqa: E402
-from rollout_checkpoint.integrations.nemo_gym.deployment import GymServers  # noqa: E402
 from rollout_checkpoint.integrations.nemo_gym.scenario import _texts, reference_run  # noqa: E402
 from rollout_checkpoint.reader import load_checkpoint  # noqa: E402
 from rollout_checkpoint.store import open_store  # noqa: E402
@@ -46,7 +45,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CollectDeployment]
     """One deployment for the module: each test's rows have their own rollout ids and run id."""
     root = tmp_path_factory.mktemp("gym-collect")
     deployment = CollectDeployment(
-        GymServers(store=str(root / "store"), workdir=root / "servers", model_delay_s=0.05)
+        CollectServers(store=str(root / "store"), workdir=root / "servers", model_delay_s=0.05)
     )
     try:
         deployment.start_all()
@@ -107,7 +106,7 @@ def _finish(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0) 
 
 def _plans(dep: CollectDeployment, out: Path) -> list[dict[str, int]]:
     """The counts of every checkpoint the collection into ``out`` published, oldest first."""
-    store = open_store(dep.servers.store)
+    store = open_store(dep.store)
     run_id = CollectSettings(store="-", token="-").run_id_for(out)
     plans = [load_checkpoint(store, p.checkpoint_id) for p in list_published(store)]
     mine = sorted((p for p in plans if p.record.run_id == run_id), key=lambda p: p.record.sequence)
@@ -203,7 +202,7 @@ def test_sigterm_checkpoints_exits_75_and_the_rerun_resumes(dep: CollectDeployme
     merged = run / "agg" / "merged.jsonl"
     agg = subprocess.run(
         [sys.executable, "-c", _GYM.format(name="ng_aggregate_rollouts"), "+head_server.host=127.0.0.1",
-         f"+head_server.port={dep.ports['head']}", f"+input_glob={out}", f"+output_jsonl_fpath={merged}"],
+         f"+head_server.port={dep.head_port}", f"+input_glob={out}", f"+output_jsonl_fpath={merged}"],
         env=_env(dep, run), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert agg.returncode == 0, agg.stdout[-2000:] + agg.stderr[-2000:]

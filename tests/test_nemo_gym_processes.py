@@ -23,11 +23,11 @@ from _procs import kill_mentioning
 
 require_gym()
 
-from rollout_checkpoint.integrations.nemo_gym.deployment import GymDeployment, GymServers  # noqa: E402
-from rollout_checkpoint.integrations.nemo_gym.scenario import PROMPT, run_scenario  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym import GymServers, run_scenario  # noqa: E402
 from rollout_checkpoint.store import open_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+PROMPT = "You are playing blackjack."  # the scenario's task prompt
 pytestmark = pytest.mark.slow
 
 
@@ -63,6 +63,19 @@ def test_a_killed_gym_server_is_restored_and_every_rollout_ends_as_if_uninterrup
     result = run_scenario(_servers(tmp_path), rollouts=4, kill=kill)
     _assert_correct(result.summary, result.failures, 4)
     assert result.summary["killed"] == kill
+
+
+@pytest.mark.parametrize("kill", ["resources", "agent", "model"])
+def test_under_the_launcher_only_the_killed_server_restarts_paused_and_recover_loses_nothing(
+    tmp_path: Path, kill: str
+) -> None:
+    # the deployment's supervisor (GymLauncher's loop) notices the SIGKILL and restarts that
+    # server alone, paused; Coordinator.recover() then restores survivors and replacement
+    result = run_scenario(_servers(tmp_path), rollouts=3, kill=kill, supervised=True)
+    _assert_correct(result.summary, result.failures, 3)
+    name = {"resources": "blackjack", "agent": "blackjack_agent", "model": "policy_model"}[kill]
+    assert result.summary["restarted"] == [name]  # only the dead server, once
+    assert result.summary["replacement_accepting"] is False  # it admitted nothing before the restore
 
 
 def test_the_example_survives_a_killed_model_server_and_reports_one_json_object(tmp_path: Path) -> None:
@@ -168,7 +181,7 @@ def test_a_gym_step_in_flight_keeps_prepare_not_ready_and_new_steps_park_until_r
         resources_class="_gym_slow:SlowStepBlackjackEnv",
         extra_env={"PYTHONPATH": str(REPO / "tests")},
     )
-    dep = GymDeployment(servers)
+    dep = servers.deployment()
     try:
         dep.start("resources")
         dep.wait_ready("resources")
@@ -210,7 +223,7 @@ def test_a_gym_step_in_flight_keeps_prepare_not_ready_and_new_steps_park_until_r
 
 
 def test_a_gym_deployment_without_rollout_identity_fails_closed_naming_the_setting(tmp_path: Path) -> None:
-    dep = GymDeployment(_servers(tmp_path, observability=False))
+    dep = _servers(tmp_path, observability=False).deployment()
     try:
         dep.start_all()
         direct = httpx.post(
@@ -238,7 +251,7 @@ def test_gyms_counter_server_keyed_by_typed_episode_ids_restores_its_counter_aft
         resources_class="resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
         observability=False,  # no /ng-rollout/ prefix: the identity comes from the bodies
     )
-    dep = GymDeployment(servers)
+    dep = servers.deployment()
     first, second = {"rollout_id": "c1", "attempt": 0}, {"rollout_id": "c1", "attempt": 1}
     try:
         dep.start("resources")

@@ -8,6 +8,10 @@
   resuming a restored rollout at it;
 * :class:`ScriptedResponsesModel` - a deterministic Responses-API model server checkpointed as
   the policy model;
+* :class:`GymDeployment` - checkpointed Gym servers as processes from a Gym config (start,
+  start paused, kill, supervise, recover); :func:`component_root` - the Gym component root
+  (``ng_run --search-dir``) whose generic ``app.py`` serves ``checkpoint_class: module:Class``;
+  :class:`GymLauncher` - the SDK launcher: restarts only a dead server, paused;
 * :class:`CheckpointingCollector` - Gym's rollout collection, checkpointed and resumable
   (``rollout-checkpoint gym collect``; the ``rollout_collection_driver``
   ``rollout_checkpoint.integrations.nemo_gym.collect:collect``).
@@ -25,6 +29,19 @@ from typing import Any
 __all__ = [
     "BLACKJACK",
     "BUILTIN_SPECS",
+    "BlackjackDeployment",
+    "GymDeployment",
+    "GymLauncher",
+    "GymServer",
+    "GymServers",
+    "ScenarioResult",
+    "component_root",
+    "free_port",
+    "gym_servers",
+    "layered_server_venvs",
+    "load_gym_config",
+    "reference_run",
+    "run_scenario",
     "COUNTER",
     "GYM_VERSION_TESTED",
     "WORDLE",
@@ -57,6 +74,19 @@ _WHERE = {
     "ScriptedResponsesModel": ".model",
     "CheckpointingCollector": ".collect",
     "CollectSettings": ".collect",
+    "GymDeployment": ".deployment",
+    "GymServer": ".deployment",
+    "free_port": ".deployment",
+    "gym_servers": ".deployment",
+    "component_root": ".component",
+    "layered_server_venvs": ".component",
+    "reference_run": ".scenario",
+    "GymLauncher": ".launcher",
+    "load_gym_config": ".launcher",
+    "BlackjackDeployment": ".scenario",
+    "GymServers": ".scenario",
+    "ScenarioResult": ".scenario",
+    "run_scenario": ".scenario",
 }
 
 INSTALL_HINT = (

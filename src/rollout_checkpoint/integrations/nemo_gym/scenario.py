@@ -14,26 +14,155 @@ repeated tool calls (the agent's step log) below each restored boundary.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from ...coordinator import Coordinator
 from ...ids import ExecutionId
 from ...reader import load_checkpoint
 from ...registry import LiveExecutionRegistry
-from ...tokens import ObjectStoreTokenStore
-from .deployment import GymDeployment, GymServers
+from .deployment import GymDeployment
 from .model import blackjack_move
 
-__all__ = ["ScenarioResult", "reference_run", "rollout_body", "run_scenario"]
+__all__ = [
+    "BlackjackDeployment",
+    "GymServers",
+    "ScenarioResult",
+    "blackjack_config",
+    "reference_run",
+    "rollout_body",
+    "run_scenario",
+]
+
+MODEL_NAME = "policy_model"
+RESOURCES_NAME = "blackjack"
+AGENT_NAME = "blackjack_agent"
+FOLDER = "checkpointed"  # the SDK component root's entrypoint folders
 
 PROMPT = "You are playing blackjack."
 _RUN_TIMEOUT_S = 300.0
+
+
+@dataclass
+class GymServers:
+    """The blackjack deployment's settings: the resources server class (and spec), the
+    scripted model's seed and delay, workers, the agent's step limit."""
+
+    store: str
+    workdir: Path
+    resources_class: str = "rollout_checkpoint.integrations.nemo_gym.seeded:SeededBlackjackEnv"
+    resources_spec: str | None = None
+    seed: int = 0
+    workers: int = 1
+    model_delay_s: float = 0.3
+    max_steps: int = 6
+    observability: bool = True
+    accept_unsafe_store: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def gym_config(self) -> dict[str, Any]:
+        return blackjack_config(self)
+
+    def deployment(self) -> BlackjackDeployment:
+        return BlackjackDeployment(self)
+
+
+def blackjack_config(s: GymServers) -> dict[str, Any]:
+    """The Gym config of the scripted model, the checkpointed resources server and the
+    checkpointed gymnasium agent (the component root's folders; ports left to the deployment)."""
+    workdir = Path(s.workdir).absolute()
+    resources: dict[str, Any] = {
+        "entrypoint": "app.py",
+        "checkpoint_class": s.resources_class,
+        "domain": "games",
+        "num_workers": s.workers,
+        "allowed_agents": [FOLDER],
+    }
+    if s.resources_spec:
+        resources["checkpoint_spec"] = s.resources_spec
+    return {
+        "dry_run": False,
+        "observability_enabled": s.observability,
+        "model_call_capture_dir": str(workdir / "capture"),
+        MODEL_NAME: {
+            "responses_api_models": {
+                FOLDER: {
+                    "entrypoint": "app.py",
+                    "checkpoint_class": "rollout_checkpoint.integrations.nemo_gym:ScriptedResponsesModel",
+                    "seed": s.seed,
+                    "delay_s": s.model_delay_s,
+                    "call_log": str(workdir / "model-calls.jsonl"),
+                    "hold_file": str(workdir / "model-gate"),
+                    "hold_log": str(workdir / "model-held.jsonl"),
+                }
+            }
+        },
+        RESOURCES_NAME: {"resources_servers": {FOLDER: resources}},
+        AGENT_NAME: {
+            "responses_api_agents": {
+                FOLDER: {
+                    "entrypoint": "app.py",
+                    "checkpoint_class": "rollout_checkpoint.integrations.nemo_gym:CheckpointedGymnasiumAgent",
+                    "resources_server": {"type": "resources_servers", "name": RESOURCES_NAME},
+                    "model_server": {"type": "responses_api_models", "name": MODEL_NAME},
+                    "max_steps": s.max_steps,
+                }
+            }
+        },
+    }
+
+
+class BlackjackDeployment(GymDeployment):
+    """The blackjack :class:`GymDeployment` plus the scripted model's gate and call log."""
+
+    def __init__(self, servers: GymServers) -> None:
+        self.settings = servers
+        super().__init__(
+            servers.gym_config(),
+            workdir=servers.workdir,
+            store=servers.store,
+            accept_unsafe_store=servers.accept_unsafe_store,
+            env={"TMPDIR": str(Path(servers.workdir).absolute()), **servers.extra_env},
+        )
+        model = self.server("model").config
+        self.call_log = Path(model["call_log"])
+        self.model_gate = Path(model["hold_file"])  # while it exists, later model calls wait
+        self.hold_log = Path(model["hold_log"])
+
+    def hold_model(self) -> None:
+        """Close the scripted model's gate: each rollout's second and later model calls wait
+        (before generating) until :meth:`release_model`, so rollouts stay mid-episode."""
+        self.model_gate.touch()
+
+    def release_model(self) -> None:
+        """Open the gate: held calls (and later ones) go on."""
+        self.model_gate.unlink(missing_ok=True)
+
+    def held_calls(self) -> list[dict[str, Any]]:
+        """The model calls the gate held (``rollout_id``, ``attempt``, ``call_id``), oldest first."""
+        return _lines(self.hold_log)
+
+    def model_calls(self) -> list[dict[str, Any]]:
+        return _lines(self.call_log)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        with contextlib.suppress(ValueError):  # a line still being appended
+            out.append(json.loads(line))
+    return out
 
 
 def rollout_body(
@@ -123,7 +252,7 @@ class ScenarioResult:
 
 class _Runner:
     def __init__(
-        self, dep: GymDeployment, rollouts: int, seed: int, store: str, extra: dict[str, Any] | None
+        self, dep: BlackjackDeployment, rollouts: int, seed: int, extra: dict[str, Any] | None
     ) -> None:
         self.dep = dep
         self.extra = extra
@@ -133,14 +262,7 @@ class _Runner:
         self.futures: dict[ExecutionId, Future[dict[str, Any]]] = {}
         self.current: dict[str, ExecutionId] = {}
         self.results: dict[str, dict[str, Any]] = {}
-        self.remotes = [dep.remote(role) for role in ("model", "agent", "resources")]
-        self.coordinator = Coordinator(
-            store,
-            self.remotes,
-            self.registry,
-            ObjectStoreTokenStore(store),
-            accept_unsafe_store=dep.servers.accept_unsafe_store,
-        )
+        self.coordinator = dep.coordinator(self.registry)
 
     def _post_run(self, execution: ExecutionId) -> dict[str, Any]:
         body = rollout_body(
@@ -198,6 +320,7 @@ def run_scenario(
     want: str = "continue",
     max_checkpoints: int = 200,
     hold_wait_s: float = 60.0,
+    supervised: bool = False,
 ) -> ScenarioResult:
     """See the module docstring. ``want`` is the disposition the published checkpoint must give
     at least one rollout before the kill (``fresh_dispatch`` for a restart-only server);
@@ -206,8 +329,11 @@ def run_scenario(
     every rollout finished or waits there (``hold_wait_s`` at most), so it finds them
     mid-episode. ``failures`` (and ``ok``) say whether the run is correct; the summary's
     ``demonstrated`` / ``not_demonstrated`` say what it showed (the crash, a rollout continued,
-    one resumed mid-episode) apart from that."""
-    dep = GymDeployment(servers)
+    one resumed mid-episode) apart from that. ``supervised``: the deployment's supervisor (the
+    SDK launcher's loop) restarts the killed server, paused, instead of the scenario."""
+    dep = servers.deployment()
+    if supervised:
+        dep.supervise()
     failures: list[str] = []
     pauses: list[float] = []
     plan_counts: dict[str, int] = {}
@@ -216,9 +342,10 @@ def run_scenario(
     timings: list[dict[str, float]] = []
     unshown: dict[str, str] = {}  # why the run could not show what it set out to
     killed = False
+    replacement_accepting: bool | None = None
     try:
         dep.start_all()
-        runner = _Runner(dep, rollouts, servers.seed, servers.store, task_extra)
+        runner = _Runner(dep, rollouts, servers.seed, task_extra)
         dispatched = []
         for rollout_id in runner.seeds:
             execution = runner.registry.dispatch(rollout_id)
@@ -259,12 +386,20 @@ def run_scenario(
             dep.release_model()
         else:
             dep.kill(kill)
-            dep.restart(kill)
+            if supervised:
+                dep.wait_restarted(kill)  # the supervisor restarts it alone, paused
+            else:
+                dep.restart(kill)
+            replacement_accepting = dep.remote(kill).status().accepting  # paused: False
             runner.harvest()
             # abort what the crash left open, retire the live attempts, restore; the model's
             # held calls of retired attempts are refused, restored ones go on after the resume
-            restored = runner.coordinator.recover(
-                runner.running(), checkpoint_id=checkpoint_id, deadline_s=120, resume=False
+            restored = dep.recover(
+                runner.coordinator,
+                runner.running(),
+                checkpoint_id=checkpoint_id,
+                deadline_s=120,
+                resume=False,
             )
             dep.release_model()
             killed = True
@@ -295,11 +430,13 @@ def run_scenario(
     summary = _summarize(runner, reference, calls, plan_counts, pauses, kill, restored_turns, failures, want)
     summary.update(_demonstrated(summary, kill, killed, want, unshown))
     summary["stale_attempt_status"] = stale_probe
+    summary["restarted"] = list(dep.restarts) if supervised else ([dep.name(kill)] if killed and kill else [])
+    summary["replacement_accepting"] = replacement_accepting
     summary["checkpoint_timings_ms"] = timings
     return ScenarioResult(summary=summary, failures=failures)
 
 
-def _probe_stale(dep: GymDeployment, plan: Any) -> int | None:
+def _probe_stale(dep: BlackjackDeployment, plan: Any) -> int | None:
     """A late request of a restored-over attempt: the resources server must refuse it (409)."""
     for entry in plan.rollouts.values():
         if entry.disposition != "continue":
@@ -399,7 +536,7 @@ def _summarize(
     return summary
 
 
-def _wait_first_steps(dep: GymDeployment, runner: _Runner, until: float) -> None:
+def _wait_first_steps(dep: BlackjackDeployment, runner: _Runner, until: float) -> None:
     """Until every running rollout finished or waits at the model's gate (its second call held:
     it is at boundary 1, mid-episode), a rollout failed, or ``until``."""
     while time.monotonic() < until:
