@@ -34,9 +34,24 @@ from rollout_checkpoint.integrations.nemo_gym.scenario import _texts, reference_
 from rollout_checkpoint.reader import load_checkpoint  # noqa: E402
 from rollout_checkpoint.store import open_store  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# one deployment for the module: its tests stay in one xdist worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gym_collect")]
+DRIVER = "rollout_checkpoint.integrations.nemo_gym.collect:collect"
 ROLLOUTS = 6
 _CLI = "import sys; from rollout_checkpoint.cli import main; sys.argv[0] = 'rollout-checkpoint'; main()"
+# what `gym eval run` / ng_e2e_collect_rollouts does with +rollout_collection_driver (after starting
+# the servers): build the collection config, import module:function, await it with the resolved config
+_DRIVER = """
+import asyncio, importlib, sys
+from nemo_gym.global_config import get_global_config_dict
+from nemo_gym.rollout_collection import RolloutCollectionConfig
+from omegaconf import OmegaConf
+sys.argv = ["gym", *sys.argv[1:]]
+g = get_global_config_dict()
+config = RolloutCollectionConfig.model_validate(OmegaConf.to_container(g))
+module, _, name = g.rollout_collection_driver.partition(":")
+asyncio.run(getattr(importlib.import_module(module), name)(config, OmegaConf.to_container(g, resolve=True)))
+"""
 _GYM = "import sys; from nemo_gym.cli.legacy import main; sys.argv[0] = '{name}'; sys.exit(main())"
 
 
@@ -76,10 +91,14 @@ def _env(dep: CollectDeployment, tmp: Path) -> dict[str, str]:
     return {**os.environ, "ROLLOUT_CHECKPOINT_TOKEN": dep.token, "NO_PROXY": "127.0.0.1", "TMPDIR": str(tmp)}
 
 
-def _start(dep: CollectDeployment, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(
+    dep: CollectDeployment, args: list[str], log: Path, *, driver: bool = False
+) -> subprocess.Popen[bytes]:
+    """``rollout-checkpoint gym collect ARGS``, or (``driver``) Gym's driver hook over them."""
+    command = [_DRIVER, f"+rollout_collection_driver={DRIVER}"] if driver else [_CLI, "gym", "collect"]
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", _CLI, "gym", "collect", *args],
+            [sys.executable, "-c", *command, *args],
             env=_env(dep, log.parent),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -146,12 +165,13 @@ def _resume(dep: CollectDeployment, args: list[str], log: Path) -> str:
     return text
 
 
-def test_an_uninterrupted_collection_checkpoints_on_its_timer_and_completes_every_row(
+def test_gyms_driver_hook_collects_uninterrupted_checkpointing_on_its_timer(
     dep: CollectDeployment, run: Path
 ) -> None:
+    """The ``rollout_collection_driver`` path (``gym eval run``): as the SDK command, through Gym's hook."""
     seeds = _seeds("timer")
     inp, out, log = write_input(run / "in.jsonl", seeds), run / "out.jsonl", run / "collect.log"
-    proc = _start(dep, collect_args(dep, inp, out, checkpoint_every_s=0.2), log)
+    proc = _start(dep, collect_args(dep, inp, out, checkpoint_every_s=0.2, takeover="true"), log, driver=True)
     _wait("every game is mid-episode or written", lambda: _mid_episode(dep, out, seeds))
     _wait("a timer checkpoint while games wait", lambda: any(p["continue"] for p in _plans(dep, out)))
     dep.release_model()
