@@ -191,6 +191,9 @@ def test_a_sigkilled_collector_resumes_after_a_sigusr1_checkpoint(dep: CollectDe
     proc = _start(dep, args, run / "first.log")
     _wait("every game is mid-episode or written", lambda: _mid_episode(dep, out, seeds))
     written_before = {r["_ng_rollout_id"] for r in read_rows(out)}
+    second = _start(dep, args, run / "second.log")  # the same command while the first still runs
+    assert _finish(second, run / "second.log") == 1
+    assert "another collection is writing" in (run / "second.log").read_text().splitlines()[-1]
     before = len(_plans(dep, out))
     proc.send_signal(signal.SIGUSR1)
     _wait("the SIGUSR1 checkpoint", lambda: len(_plans(dep, out)) > before)

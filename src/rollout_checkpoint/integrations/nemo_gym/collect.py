@@ -449,23 +449,29 @@ class CheckpointingCollector(RolloutCollectionHelper):
         except ValueError as exc:  # Gym's "Could not connect to the head server at ..."
             raise InvalidArgumentError(" ".join(str(exc).split())) from None
         output = Path(config.output_jsonl_fpath)
-        await asyncio.to_thread(ctl.setup, server_config, output)
-        await asyncio.to_thread(ctl.start, config)
-        thread = threading.Thread(target=ctl.checkpoint_loop, name="rollout-checkpoint-collect", daemon=True)
+        lock = _lock_output(output)
         ctl.loop = asyncio.get_running_loop()
-        restore_signals = ctl.install_signals()
-        thread.start()
-        ctl.task = asyncio.ensure_future(super().run_from_config(config))
+        restore_signals = ctl.install_signals()  # a SIGTERM while starting is honoured once it runs
+        thread = threading.Thread(target=ctl.checkpoint_loop, name="rollout-checkpoint-collect", daemon=True)
         try:
-            result = await ctl.task
-        except asyncio.CancelledError:
-            if not ctl.preempted:
-                raise
-            _say(
-                f"preempted (SIGTERM): checkpoint taken, exiting {EXIT_PREEMPTED}; "
-                "re-run the same command to resume"
-            )
-            raise SystemExit(EXIT_PREEMPTED) from None
+            await asyncio.to_thread(ctl.setup, server_config, output)
+            await asyncio.to_thread(ctl.start, config)
+            ctl.task = asyncio.ensure_future(super().run_from_config(config))
+            thread.start()
+            try:
+                result = await ctl.task
+            except asyncio.CancelledError:
+                if not ctl.preempted:
+                    raise
+                _say(
+                    f"preempted (SIGTERM): checkpoint taken, exiting {EXIT_PREEMPTED}; "
+                    "re-run the same command to resume"
+                )
+                raise SystemExit(EXIT_PREEMPTED) from None
+            ctl.stop()
+            await asyncio.to_thread(thread.join, ctl.deadline_s + 30)
+            await asyncio.to_thread(ctl.checkpoint_now, "final")
+            return result
         finally:
             ctl.stop()
             restore_signals()
@@ -474,9 +480,26 @@ class CheckpointingCollector(RolloutCollectionHelper):
                 if close is not None:
                     with contextlib.suppress(Exception):
                         await close()
-            await asyncio.to_thread(thread.join, ctl.deadline_s + 30)
-        await asyncio.to_thread(ctl.checkpoint_now, "final")
-        return result
+            if thread.is_alive():
+                await asyncio.to_thread(thread.join, ctl.deadline_s + 30)
+            lock.close()
+
+
+def _lock_output(output: Path) -> Any:
+    """One collection at a time writes an output: an exclusive lock on ``<output>.lock`` for the
+    process's life (the kernel drops it when the process dies, SIGKILL included)."""
+    import fcntl
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(output.with_name(output.name + ".lock"), "a")  # noqa: SIM115 (held for the run)
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise InvalidArgumentError(
+            f"another collection is writing {output} (it holds {output.name}.lock): wait for it or stop it"
+        ) from None
+    return handle
 
 
 def _participants(urls: Mapping[str, str], token: str) -> list[RemoteParticipant]:
