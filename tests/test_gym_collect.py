@@ -240,3 +240,39 @@ def _numbers(value: Any) -> list[float]:
     if isinstance(value, list):
         return [n for v in value for n in _numbers(v)]
     return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def test_the_whole_server_tree_lost_then_a_new_tree_and_the_rerun_resume(tmp_path: Path) -> None:
+    """Every server and the collector SIGKILLed (the allocation's ng_run tree gone): a new tree
+    on the same store, the same command (its new head server), and the output is complete."""
+    store, seeds = str(tmp_path / "store"), _seeds("tree")
+    inp, out = write_input(tmp_path / "in.jsonl", seeds), tmp_path / "out.jsonl"
+    first = CollectDeployment(CollectServers(store=store, workdir=tmp_path / "a", model_delay_s=0.05))
+    try:
+        first.start_all()
+        first.hold_model()
+        proc = _start(first, collect_args(first, inp, out, checkpoint_every_s=0.2), tmp_path / "first.log")
+        _wait(
+            "a checkpoint while games wait mid-episode",
+            lambda: any(p["continue"] for p in _plans(first, out)),
+        )
+        proc.kill()
+        proc.wait(10)
+        for name in first.all_names():
+            first.kill(name)
+    finally:
+        first.stop()
+    second = CollectDeployment(CollectServers(store=store, workdir=tmp_path / "b", model_delay_s=0.05))
+    try:
+        second.start_all()
+        log = tmp_path / "rerun.log"
+        rerun = _start(second, collect_args(second, inp, out, checkpoint_every_s=600), log)
+        assert _finish(rerun, log) == 0, log.read_text()[-3000:]
+        assert "restored" in log.read_text()
+        rows = _assert_as_uninterrupted(out, seeds)
+        assert any(r["_ng_attempt_index"] == 1 for r in rows)  # continued in the new tree as N+1
+        assert _plans(second, out)[-1] == {"completed": ROLLOUTS, "continue": 0, "fresh_dispatch": 0}
+    finally:
+        second.stop()
+        left = kill_mentioning(str(tmp_path))
+        assert left == [], f"processes left running: {left}"
