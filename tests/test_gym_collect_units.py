@@ -71,6 +71,8 @@ def test_a_row_is_handed_off_only_once_it_is_in_the_output(tmp_path: Path) -> No
     rows = [{"_ng_task_index": i, "_ng_rollout_index": 0} for i in range(2)]
     ledger.stamp(rows)
     assert [(r["_ng_rollout_id"], r["_ng_attempt_index"]) for r in rows] == [("0-0", 0), ("1-0", 0)]
+    with pytest.raises(InvalidArgumentError, match="two rows"):  # num_repeats copies an explicit id
+        ledger.stamp([{"_ng_rollout_id": "x", "_ng_task_index": 0, "_ng_rollout_index": i} for i in range(2)])
     for row in rows:
         assert ledger.started(row) == ExecutionId(rollout_id=row["_ng_rollout_id"], attempt=0)
         ledger.finished(row)

@@ -108,8 +108,16 @@ class CollectionLedger:
     def stamp(self, rows: Iterable[dict[str, Any]]) -> None:
         """Put ``_ng_rollout_id`` and ``_ng_attempt_index`` on each row (Gym appends ``-a<N>`` to
         the capture key from attempt 1 on, as the SDK expects)."""
+        seen: set[str] = set()
         for row in rows:
             rollout_id = row_rollout_id(row)
+            if rollout_id in seen:
+                raise InvalidArgumentError(
+                    f"two rows have the rollout id {rollout_id!r} (num_repeats or fan_out copy an explicit "
+                    f"{ROLLOUT_ID_KEY}): make the ids unique or leave them to Gym's task and rollout indices",
+                    rollout_id=rollout_id,
+                )
+            seen.add(rollout_id)
             row[ROLLOUT_ID_KEY] = rollout_id
             row[ATTEMPT_KEY] = self.attempt_for(rollout_id)
 
