@@ -242,6 +242,27 @@ def _numbers(value: Any) -> list[float]:
     return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 
 
+@pytest.mark.parametrize("server", ["resources", "agent", "model"])
+def test_a_server_killed_under_the_collector_ends_it_with_75_and_the_rerun_resumes(
+    dep: CollectDeployment, run: Path, server: str
+) -> None:
+    seeds = _seeds(f"lost-{server}")
+    inp, out, log = write_input(run / "in.jsonl", seeds), run / "out.jsonl", run / "first.log"
+    args = collect_args(dep, inp, out, checkpoint_every_s=600, takeover="true")
+    proc = _start(dep, args, log)
+    _wait("every game is mid-episode or written", lambda: _mid_episode(dep, out, seeds))
+    before = len(_plans(dep, out))
+    proc.send_signal(signal.SIGUSR1)
+    _wait("the SIGUSR1 checkpoint", lambda: len(_plans(dep, out)) > before)
+    dep.kill(server)
+    dep.restart(server)  # as the launcher does: the replacement starts paused
+    assert _finish(proc, log) == 75, log.read_text()[-3000:]
+    assert "restarted" in log.read_text() or "does not answer" in log.read_text()
+    _resume(dep, args, run / "rerun.log")
+    rows = _assert_as_uninterrupted(out, seeds)
+    assert any(r["_ng_attempt_index"] == 1 for r in rows)  # continued into the replacement as N+1
+
+
 def test_the_whole_server_tree_lost_then_a_new_tree_and_the_rerun_resume(tmp_path: Path) -> None:
     """Every server and the collector SIGKILLed (the allocation's ng_run tree gone): a new tree
     on the same store, the same command (its new head server), and the output is complete."""

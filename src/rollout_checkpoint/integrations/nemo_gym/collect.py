@@ -68,6 +68,9 @@ SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_mode
 STATELESS_RELAYS = frozenset({"legacy_agent"})
 """Environment-server types that only relay ``/run`` (no state): never participants."""
 _WAIT_S = 0.02
+_WATCH_S = 1.0
+"""Seconds between the checks that every participant still answers as the same incarnation."""
+_LOST_AFTER = 5
 
 
 def _say(message: str) -> None:
@@ -212,6 +215,14 @@ class _TrackingClient:
         response = await self._inner.post(server_name=server_name, url_path=url_path, **kwargs)
         if getattr(response, "status", None) == 200:
             ledger.finished(body)
+            return response
+        # a failed /run may be a server that died under it: give the watch time to tell; if it
+        # ends the run (exit 75, the re-run resumes) this row is not handed to Gym as a failure
+        end = time.monotonic() + _LOST_AFTER * _WATCH_S + 2.0
+        while time.monotonic() < end and not self._collector.is_halted():
+            await asyncio.sleep(0.1)
+        while self._collector.is_halted():
+            await asyncio.sleep(_WAIT_S)
         return response
 
 
@@ -255,13 +266,19 @@ class CollectionController:
         self._reasons: list[str] = []
         self._stop = threading.Event()
         self.preempted = False
+        self.exit_note = ""
         self.halted = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[Any] | None = None
         self.inner_iterators: list[Any] = []
         self.published: list[str] = []
+        self._misses: dict[str, int] = {}
         self.ledger: CollectionLedger
         self.coordinator: Coordinator
+
+    def is_halted(self) -> bool:
+        """Nothing more is sent or written (after SIGTERM, or a lost server)."""
+        return self.halted
 
     @property
     def deadline_s(self) -> float:
@@ -328,7 +345,7 @@ class CollectionController:
             _say(f"checkpoint ({reason}) failed, nothing published: {exc.code}: {exc.message}")
             return None
         finally:
-            if reason != "sigterm":
+            if not self.halted:  # after SIGTERM (or a lost server) nothing more is written
                 with self._lock:
                     self._checkpointing = False
         self.published.append(outcome.checkpoint_id)
@@ -341,24 +358,60 @@ class CollectionController:
     def checkpoint_loop(self) -> None:
         assert self.settings is not None
         every = self.settings.checkpoint_every_s
+        due = time.monotonic() + every
         while not self._stop.is_set():
-            woke = self._wake.wait(every)
+            woke = self._wake.wait(max(0.0, min(_WATCH_S, due - time.monotonic())))
             self._wake.clear()
             if self._stop.is_set():
                 return
-            reasons = list(self._reasons) if woke else ["timer"]
+            reasons = list(self._reasons)
             self._reasons.clear()
+            if not woke and time.monotonic() >= due:
+                reasons.append("timer")
             if not reasons:
+                lost = self._server_lost()
+                if lost is not None:  # a crashed server: the re-run restores it with the rest
+                    self.exit_note = f"{lost}: no checkpoint taken (the last one stands)"
+                    self._exit_preempted(checkpoint=False)
+                    return
                 continue
-            reason = "sigterm" if "sigterm" in reasons else reasons[0]
-            if reason == "sigterm":
-                self.halted = True  # nothing more is sent
-            self.checkpoint_now(reason)
-            if reason == "sigterm":
-                self.preempted = True
-                if self.loop is not None and self.task is not None:
-                    self.loop.call_soon_threadsafe(self.task.cancel)
+            due = time.monotonic() + every
+            if "sigterm" in reasons:
+                self.exit_note = "preempted (SIGTERM)"
+                self._exit_preempted(checkpoint=True)
                 return
+            self.checkpoint_now(reasons[0])
+
+    def _exit_preempted(self, *, checkpoint: bool) -> None:
+        """Send and write nothing more, (checkpoint,) and end the run with exit 75."""
+        self.halted = True
+        if checkpoint:
+            self.checkpoint_now("sigterm")
+        elif not self._close_writes(self.deadline_s):
+            _say("a result was still being written; the re-run completes it from the output")
+        self.preempted = True
+        if self.loop is not None and self.task is not None:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+
+    def _server_lost(self) -> str | None:
+        """A participant that restarted since the last checkpoint or restore (another
+        incarnation), or that has not answered for ``_LOST_AFTER`` polls."""
+        known = self.coordinator.incarnations
+        for participant in self.coordinator.participants:
+            name = getattr(participant, "base_url", repr(participant))
+            try:
+                caps = participant.capabilities()
+                status = participant.status()
+            except Exception:
+                self._misses[name] = self._misses.get(name, 0) + 1
+                if self._misses[name] >= _LOST_AFTER:
+                    return f"the server at {name} does not answer"
+                continue
+            self._misses.pop(name, None)
+            key = f"{caps.kind}/{caps.instance}"
+            if key in known and status.incarnation != known[key]:
+                return f"{key} at {name} restarted (incarnation {known[key]} -> {status.incarnation})"
+        return None
 
     def stop(self) -> None:
         self._stop.set()
@@ -463,10 +516,7 @@ class CheckpointingCollector(RolloutCollectionHelper):
             except asyncio.CancelledError:
                 if not ctl.preempted:
                     raise
-                _say(
-                    f"preempted (SIGTERM): checkpoint taken, exiting {EXIT_PREEMPTED}; "
-                    "re-run the same command to resume"
-                )
+                _say(f"{ctl.exit_note}; exiting {EXIT_PREEMPTED}: re-run the same command to resume")
                 raise SystemExit(EXIT_PREEMPTED) from None
             ctl.stop()
             await asyncio.to_thread(thread.join, ctl.deadline_s + 30)
