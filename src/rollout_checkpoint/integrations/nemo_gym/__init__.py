@@ -83,8 +83,8 @@ _WHERE = {
     "reference_run": ".scenario",
     "GymLauncher": ".launcher",
     "load_gym_config": ".launcher",
-    "BlackjackDeployment": ".scenario",
-    "GymServers": ".scenario",
+    "BlackjackDeployment": ".blackjack",
+    "GymServers": ".blackjack",
     "ScenarioResult": ".scenario",
     "run_scenario": ".scenario",
 }

@@ -228,8 +228,8 @@ class GymDeployment:
         self.store = store or self._store_from_config() or os.environ.get("ROLLOUT_CHECKPOINT_STORE")
         if not self.store:
             raise ValueError(
-                "no checkpoint store: pass store=, set checkpoint_store in the servers' config, "
-                "or ROLLOUT_CHECKPOINT_STORE"
+                "no checkpoint store: pass one (store=, --store), set checkpoint_store in the "
+                "servers' config, or ROLLOUT_CHECKPOINT_STORE"
             )
         self.token_file = Path(token_file) if token_file else None
         if self.token_file is not None:
@@ -245,6 +245,7 @@ class GymDeployment:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.starts: dict[str, int] = {name: 0 for name in self.all_names()}
         self.restarts: list[str] = []  # the servers supervise() restarted, in order
+        self.restart_errors: list[str] = []  # why a replacement did not come up
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -405,7 +406,12 @@ class GymDeployment:
                         if proc is None or proc.poll() is None or self._stopping.is_set():
                             continue
                         _end_group(proc)  # a worker group's workers go with it
-                        self.restart(name)
+                        try:
+                            self.restart(name)
+                        except Exception as exc:  # it died at start: tried again at the next poll
+                            self.restart_errors.append(f"{name}: {exc}")
+                            print(f"restarting {name} failed: {exc}", file=sys.stderr, flush=True)
+                            continue
                         self.restarts.append(name)
                     if on_restart is not None:
                         on_restart(name)
