@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from rollout_checkpoint.integrations.nemo_gym.scenario import (
+from rollout_checkpoint.integrations.nemo_gym.blackjack import (
     AGENT_NAME,
     PROMPT,
     BlackjackDeployment,
