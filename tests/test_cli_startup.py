@@ -57,6 +57,7 @@ def test_version_imports_neither_typer_nor_any_command() -> None:
             [command, "--help"]
             for command in ("list", "classify", "verify", "inspect", "gc", "demo", "serve")
         ),
+        ["gym", "collect", "--help"],
     ],
 )
 def test_help_of_every_command_loads_no_server_or_demo(args: list[str]) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from . import _archive, _checkpoints, _demo, _gc, _serve
+from . import _archive, _checkpoints, _demo, _gc, _gym, _serve
 from ._version import version_line
 
 __all__ = ["app"]
@@ -43,3 +43,4 @@ _checkpoints.register(app)
 _gc.register(app)
 _demo.register(app)
 _serve.register(app)
+_gym.register(app)

@@ -20,7 +20,10 @@
 * :class:`GymDeployment` - checkpointed Gym servers as processes from a Gym config (start,
   start paused, kill, supervise, recover); :func:`component_root` - the Gym component root
   (``ng_run --search-dir``) whose generic ``app.py`` serves ``checkpoint_class: module:Class``;
-  :class:`GymLauncher` - the SDK launcher: restarts only a dead server, paused.
+  :class:`GymLauncher` - the SDK launcher: restarts only a dead server, paused;
+* :class:`CheckpointingCollector` - Gym's rollout collection, checkpointed and resumable
+  (``rollout-checkpoint gym collect``; the ``rollout_collection_driver``
+  ``rollout_checkpoint.integrations.nemo_gym.collect:collect``).
 
 Gym is imported only when one of these names is first used (module ``__getattr__``), so
 ``import rollout_checkpoint.integrations.nemo_gym`` works without Gym installed; using a name
@@ -42,6 +45,8 @@ __all__ = [
     "CheckpointedOpenAIModel",
     "CheckpointedSimpleAgent",
     "CheckpointedVLLMModel",
+    "CheckpointingCollector",
+    "CollectSettings",
     "GYM_VERSION_TESTED",
     "GymDeployment",
     "GymLauncher",
@@ -96,6 +101,8 @@ _WHERE = {
     "CheckpointedVLLMModel": ".vllm_model",
     "BackendHandle": ".backend",
     "start_backend": ".backend",
+    "CheckpointingCollector": ".collect",
+    "CollectSettings": ".collect",
     "GymDeployment": ".deployment",
     "GymServer": ".deployment",
     "free_port": ".deployment",

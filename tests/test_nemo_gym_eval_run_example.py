@@ -1,0 +1,48 @@
+"""``examples/nemo_gym_eval_run.py``: the SDK launcher on the shipped configs (Gym's head server,
+its relay, a local Ray cluster), Gym's collection through ``rollout-checkpoint gym collect``, the
+model server SIGKILLed mid-episode (the launcher restarts it paused, the collector exits 75), the
+same command again, and every row as in an uninterrupted play."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _gym import require_gym
+from _procs import kill_mentioning
+
+require_gym()
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+KEYS = ("ok", "failures", "demonstrated", "not_demonstrated", "rollouts", "completed", "continued",
+        "resumed_at_turns", "fresh_dispatch", "repeated_model_calls", "repeated_tool_calls", "lost_results",
+        "matches_uninterrupted", "pause_ms_p50", "killed", "stale_attempt_status", "checkpoint_timings_ms",
+        "exit_75_seen")  # fmt: skip
+
+
+def test_a_killed_model_server_under_gyms_collection_ends_as_uninterrupted() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "nemo_gym_eval_run.py"), "--kill", "model",
+         "--rollouts", "4", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    workdir = summary["workdir"]
+    try:
+        assert out.returncode == 0 and summary["ok"], (summary, out.stderr[-2000:])
+        assert set(KEYS) <= set(summary)
+        assert summary["exit_75_seen"] is True and summary["killed"] == "model"
+        assert summary["completed"] == summary["rollouts"] == 4 and summary["lost_results"] == 0
+        assert summary["matches_uninterrupted"] is True and summary["continued"] >= 1
+        assert summary["repeated_model_calls"] == 0 and summary["repeated_tool_calls"] == 0
+        assert all(t >= 1 for t in summary["resumed_at_turns"].values())  # resumed mid-episode
+    finally:
+        left = kill_mentioning(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+        assert left == [], f"processes left running: {left}"
