@@ -440,22 +440,24 @@ def test_a_killed_openai_model_is_restored_and_blackjack_ends_as_if_uninterrupte
     """Gym's openai_model (checkpointed) before the backend, with the checkpointed gymnasium agent
     and blackjack: SIGKILL the model mid-episode, restart it paused, restore, and every rollout
     ends as the uninterrupted run (the backend plays blackjack as the scripted policy does)."""
-    from rollout_checkpoint.integrations.nemo_gym.deployment import MODEL_NAME, GymDeployment, GymServers
-    from rollout_checkpoint.integrations.nemo_gym.scenario import run_scenario
+    from rollout_checkpoint.integrations.nemo_gym import GymServers, run_scenario
+    from rollout_checkpoint.integrations.nemo_gym.blackjack import MODEL_NAME
 
     with start_backend(0) as backend:
-        original = GymDeployment.gym_config
+        original = GymServers.gym_config
 
-        def with_openai_model(self: GymDeployment) -> dict[str, Any]:
+        def with_openai_model(self: GymServers) -> dict[str, Any]:
             config = original(self)
-            scripted = config[MODEL_NAME]["responses_api_models"]["scripted"]
-            keep = ("entrypoint", "host", "port", "call_log", "hold_file", "hold_log")
-            config[MODEL_NAME] = {"responses_api_models": {"openai_model": {
-                **{k: scripted[k] for k in keep}, "openai_base_url": backend.base_url,
+            (folder, scripted), = config[MODEL_NAME]["responses_api_models"].items()
+            keep = ("entrypoint", "call_log", "hold_file", "hold_log")
+            config[MODEL_NAME] = {"responses_api_models": {folder: {
+                **{k: scripted[k] for k in keep},
+                "checkpoint_class": "rollout_checkpoint.integrations.nemo_gym:CheckpointedOpenAIModel",
+                "openai_base_url": backend.base_url,
                 "openai_api_key": "none", "openai_model": "deterministic"}}}  # fmt: skip
             return config
 
-        monkeypatch.setattr(GymDeployment, "gym_config", with_openai_model)
+        monkeypatch.setattr(GymServers, "gym_config", with_openai_model)
         servers = GymServers(store=str(tmp_path / "store"), workdir=tmp_path / "servers", seed=0)
         result = run_scenario(servers, rollouts=3, kill="model")
         assert backend.calls > 0  # the replies came from the backend, through Gym's openai_model

@@ -22,7 +22,7 @@ from _procs import kill_mentioning
 
 require_gym()
 
-from rollout_checkpoint.integrations.nemo_gym.deployment import GymDeployment, GymServers  # noqa: E402
+from rollout_checkpoint.integrations.nemo_gym import GymDeployment, GymServers  # noqa: E402
 from rollout_checkpoint.protocol import CommitReply  # noqa: E402
 from rollout_checkpoint.store import open_store  # noqa: E402
 
@@ -42,7 +42,7 @@ def _deployment(tmp_path: Path, resources_class: str, **kwargs: Any) -> GymDeplo
     servers = GymServers(
         store=str(tmp_path / "store"), workdir=tmp_path / "servers", resources_class=resources_class, **kwargs
     )
-    dep = GymDeployment(servers)
+    dep = servers.deployment()
     dep.start("resources")
     dep.wait_ready("resources")
     return dep
@@ -52,7 +52,7 @@ def _checkpoint(dep: GymDeployment, checkpoint_id: str) -> CommitReply:
     remote = dep.remote("resources")
     deadline = time.time() + 60
     assert remote.prepare(checkpoint_id, deadline).ready
-    reply = remote.commit(checkpoint_id, open_store(dep.servers.store), deadline)
+    reply = remote.commit(checkpoint_id, open_store(dep.store), deadline)
     remote.resume(checkpoint_id, deadline)
     return reply
 
@@ -63,7 +63,7 @@ def _crash_and_restore(dep: GymDeployment, checkpoint_id: str) -> list[tuple[str
     dep.restart("resources")
     remote = dep.remote("resources")
     restored = remote.restore(
-        f"rs-{checkpoint_id}", checkpoint_id, open_store(dep.servers.store), time.time() + 60
+        f"rs-{checkpoint_id}", checkpoint_id, open_store(dep.store), time.time() + 60
     )
     remote.resume(f"rs-{checkpoint_id}", time.time() + 60)
     return [(e.rollout_id, e.attempt) for e in restored.restored]
@@ -171,7 +171,7 @@ def _assert_stored_as_parquet(dep: GymDeployment, reply: CommitReply) -> None:
     from rollout_checkpoint.format.binary_payloads import MAGIC
 
     assert reply.manifest_key is not None
-    reader = ArchiveReader.open(open_store(dep.servers.store), reply.manifest_key.rsplit("/", 1)[0])
+    reader = ArchiveReader.open(open_store(dep.store), reply.manifest_key.rsplit("/", 1)[0])
     [raw] = list(reader.iter_raw("resource_snapshot"))
     assert raw.payload.startswith(MAGIC)
     [record] = list(reader.iter_records("resource_snapshot"))
@@ -314,8 +314,7 @@ def _launch(
         workers=workers,
         extra_env=TESTS_PATH,
     )
-    dep = GymDeployment(servers)
-    env = dep._env("resources", paused=False)
+    env = servers.deployment().environment("resources")
     args = [
         sys.executable,
         "-m",
@@ -365,31 +364,17 @@ def test_the_launcher_takes_a_custom_spec_and_a_misdeclared_read_fails_closed(
         "_gym_specs:NOT_THERE",
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "NOT_THERE" in bad.stderr
+    # the same spec through the deployment (the component root's checkpoint_spec)
     servers = GymServers(
         store=str(tmp_path / "store"),
         workdir=tmp_path / "servers",
         resources_class="resources_servers.example_session_state_mgmt.app:StatefulCounterResourcesServer",
+        resources_spec="_gym_specs:COUNTER_MISDECLARED",
         workers=workers,
         extra_env=TESTS_PATH,
     )
-    dep = GymDeployment(servers)
-    log = servers.workdir / "resources-0.log"  # the deployment's log name for start number 0
-    with open(log, "wb") as out:
-        dep.procs["resources"] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rollout_checkpoint.integrations.nemo_gym.launch",
-                "resources",
-                servers.resources_class,
-                "--spec",
-                "_gym_specs:COUNTER_MISDECLARED",
-            ],
-            env=dep._env("resources", paused=False),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    dep = servers.deployment()
+    dep.start("resources")
     try:
         dep.wait_ready("resources")
         url = dep.url("resources")
@@ -404,7 +389,7 @@ def test_the_launcher_takes_a_custom_spec_and_a_misdeclared_read_fails_closed(
             reply = _checkpoint(dep, "ck-mis")
             assert [(e.rollout_id, e.attempt) for e in reply.executions] == [("c2", 0)]
             assert [(e.rollout_id, e.attempt) for e in reply.restarts] == [("c1", 0)]
-        text = log.read_text()
+        text = dep.log_path("resources").read_text()
         assert "read route /increment_counter changed session" in text, text
     finally:
         dep.stop()
