@@ -99,6 +99,7 @@ class SessionWork:
                 self._session.state = state
                 self._session.encoded = encoded
                 self._session.revision = revision
+                p._touch(self.execution, self.session_id)
             p._changed()
             return revision
 

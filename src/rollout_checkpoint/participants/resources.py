@@ -28,11 +28,11 @@ from ..ids import ExecutionId, validate_id
 from ..protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
     CheckpointMode,
+    DeferredBatches,
     Export,
     Participant,
     Readiness,
     RecordBatch,
-    RecordBatches,
     WorkerTopology,
     execution_key,
     scope_test,
@@ -99,6 +99,12 @@ class ResourcesParticipant(Participant):
         self._sessions: dict[tuple[ExecutionId, str], _Session] = {}
         self._by_execution: dict[ExecutionId, set[str]] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # sessions with accepted mutations
+        # The export, kept up to date incrementally (see ``_export``): per session its payload
+        # and revision as the last export took them, the sessions changed since (``_touch``),
+        # and the rows' keys in order (``None``: re-sort at the next export).
+        self._rows: dict[tuple[ExecutionId, str], tuple[bytes, int]] = {}
+        self._dirty: set[tuple[ExecutionId, str]] = set()
+        self._order: list[tuple[ExecutionId, str]] | None = None
         self._opening: dict[tuple[ExecutionId, str], int] = {}  # async work on sessions not open yet
 
     def open_session(
@@ -148,6 +154,7 @@ class ResourcesParticipant(Participant):
                     session.state = new_state
                     session.encoded = encoded
                     session.revision += 1
+                    self._touch(execution, session_id)
                     return session.revision
         finally:
             with self._cond:
@@ -214,8 +221,16 @@ class ResourcesParticipant(Participant):
     def _add_session(self, execution: ExecutionId, session_id: str, session: _Session) -> None:
         self._sessions[(execution, session_id)] = session
         self._by_execution.setdefault(execution, set()).add(session_id)
+        self._touch(execution, session_id)
+
+    def _touch(self, execution: ExecutionId, session_id: str) -> None:
+        """The session's state, revision or existence changed: the next export re-reads it.
+        Every change of ``_sessions`` or of a session's ``encoded`` / ``revision`` calls this
+        (lock held)."""
+        self._dirty.add((execution, session_id))
 
     def _drop_session(self, execution: ExecutionId, session_id: str) -> None:
+        self._touch(execution, session_id)
         self._sessions.pop((execution, session_id), None)
         self._inflight.discard((execution, session_id))
         ids = self._by_execution.get(execution)
@@ -257,24 +272,47 @@ class ResourcesParticipant(Participant):
         if self.mode == "restart_only":
             live = [e for e in self._live_executions() if in_scope(e)]
             return Export(records=[], executions=[], restarts=live)
-        sessions = sorted(
-            (
-                (execution, session_id, session.encoded, session.revision)
-                for (execution, session_id), session in self._sessions.items()
-                if in_scope(execution)
-            ),
-            key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
-        )
-        payloads: list[bytes] = []
-        for execution, session_id, encoded, _ in sessions:
-            if not isinstance(encoded, bytes):
+        # Incremental: only the sessions touched since the last export are read again; the
+        # others keep the (payload, revision) the last export took, which is still theirs.
+        rows, sessions = self._rows, self._sessions
+        updates: dict[tuple[ExecutionId, str], tuple[bytes, int] | None] = {}
+        for key in self._dirty:
+            session = sessions.get(key)
+            if session is None:
+                updates[key] = None
+                continue
+            encoded = session.encoded
+            if not isinstance(encoded, bytes):  # stays dirty: every export refuses it until fixed
                 raise InvalidRecordError(
-                    f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {encoded}"
+                    f"{self.codec.name} codec cannot encode session {key[1]} of {key[0]}: {encoded}"
                 ) from (encoded if isinstance(encoded, Exception) else None)
-            payloads.append(encoded)
-        batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], payloads)
-        # one entry per session (the commit dedupes executions by their (rollout, attempt) key)
-        return Export(records=RecordBatches([batch]), executions=[e for e, _, _, _ in sessions])
+            updates[key] = (encoded, session.revision)
+        for key, row in updates.items():
+            if row is None:
+                if rows.pop(key, None) is not None:
+                    self._order = None
+            else:
+                if key not in rows:
+                    self._order = None
+                rows[key] = row
+        self._dirty = set()
+        order = self._order
+        if order is None:
+            order = self._order = sorted(rows, key=lambda k: (k[0].rollout_id, k[0].attempt, k[1]))
+        keys = order if scope is None else [k for k in order if k[0] in scope]
+        snapshot = [(key, rows[key]) for key in keys]  # immutable rows: what the batch needs
+        codec = self.codec.name
+
+        def build() -> list[RecordBatch]:
+            return [
+                snapshot_batch(
+                    codec, [(e, s, row[1]) for (e, s), row in snapshot], [row[0] for _, row in snapshot]
+                )
+            ]
+
+        # one entry per execution, in order (the keys are sorted by execution first)
+        executions = list(dict.fromkeys(e for e, _ in keys))
+        return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
 
     def _check_references(
         self,

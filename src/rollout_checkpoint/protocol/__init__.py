@@ -45,6 +45,7 @@ from __future__ import annotations
 from ._cancel import Cancellation
 from ._hooks import (
     BLOCKERS_REPORTED,
+    DeferredBatches,
     Export,
     ExportRecords,
     Readiness,
@@ -93,6 +94,7 @@ __all__ = [
     "CommitReply",
     "ConcurrencyContract",
     "DEFAULT_LEASE_GRACE_SECONDS",
+    "DeferredBatches",
     "Export",
     "ExportRecords",
     "INCARNATION_PATTERN",
