@@ -55,6 +55,9 @@ class _AgentRun:
     sealed: tuple[SavedBoundary, tuple[Chunk, ...], tuple[Chunk, ...]] | None = None
     """Format 2: ``(saved, chunks, seal_chunks(saved, chunks))`` computed when ``saved`` was
     reported, so that a commit of an unchanged run seals nothing inside the pause."""
+    row: _Row | None = None
+    """What the last export took of this run (``None``: not exported); rebuilt only when the
+    run changed since (``AgentParticipant._dirty``)."""
 
     @property
     def boundary(self) -> AgentBoundaryRecord | None:
@@ -104,13 +107,12 @@ class AgentParticipant(Participant):
         self._awaiting: set[ExecutionId] = set()  # parked on a model call
         self._pending: set[ExecutionId] = set()
         self._restart_only: set[ExecutionId] = set()  # live runs that can only restart
-        # The export, kept up to date incrementally (see ``_export``): per exportable run the
-        # row its boundary member is built from, the runs whose row may have changed since the
-        # last export, and the rows' executions in order (``None``: re-sort at the next export).
-        self._rows: dict[ExecutionId, _Row] = {}
+        # The export, kept up to date incrementally (see ``_export``): the runs whose row may
+        # have changed since the last export, and the exported runs in order (``None``: re-sort
+        # at the next export); each run keeps its row (``_AgentRun.row``).
         self._rows_chunked: bool | None = None  # the format the rows were built for
         self._dirty: set[ExecutionId] = set()
-        self._order: list[ExecutionId] | None = None
+        self._order: list[tuple[ExecutionId, _AgentRun]] | None = None
 
     def begin(
         self, execution: ExecutionId, *, wait: float = 0.0, restart_only: bool = False
@@ -314,34 +316,45 @@ class AgentParticipant(Participant):
         others keep the row the last export built, which is still exactly what they would build
         (a run's row changes only through ``_mark`` / ``_drop_run``, which mark it dirty). The
         batches are built from the rows after the freeze (:class:`DeferredBatches`)."""
-        runs, rows = self._runs, self._rows
+        runs = self._runs
         chunked = self.incremental_commits
         dirty = self._dirty
         if self._rows_chunked is not chunked:  # first export, or the format changed: every run
-            rows.clear()
             dirty = set(runs)
             self._rows_chunked = chunked
+            self._order = None
         for execution in dirty:
             run = runs.get(execution)
-            if run is None or run.restart_only or run.saved is None:
-                if rows.pop(execution, None) is not None:
-                    self._order = None
-                continue
-            if execution not in rows:
+            if run is None:  # dropped since
                 self._order = None
-            rows[execution] = self._chunked(run) if chunked else (run.saved, run.awaiting, (), b"")
+                continue
+            had = run.row is not None
+            if run.restart_only or run.saved is None:
+                run.row = None
+            else:
+                run.row = self._chunked(run) if chunked else (run.saved, run.awaiting, (), b"")
+            if had != (run.row is not None):
+                self._order = None
         self._dirty = set()
         order = self._order
         if order is None:
-            order = self._order = sorted(rows, key=execution_key)
-        executions = order if scope is None else [e for e in order if e in scope]
-        parked = [rows[e] for e in executions]  # immutable rows: the snapshot the batches need
+            order = self._order = sorted(
+                ((e, run) for e, run in runs.items() if run.row is not None),
+                key=lambda p: execution_key(p[0]),
+            )
+        in_scope = scope_test(scope)
+        executions: list[ExecutionId] = []
+        parked: list[_Row] = []  # immutable rows: the snapshot the batches are built from
+        for execution, run in order:
+            if in_scope(execution):
+                executions.append(execution)
+                parked.append(cast(_Row, run.row))
         restarts = self._restarts(scope)
         if chunked:
             records = DeferredBatches(partial(chunked_batches, parked))
         else:
             records = DeferredBatches(lambda: [boundary_batch([(b, a) for b, a, _, _ in parked])])
-        return Export(records=records, executions=list(executions), restarts=restarts, sorted_unique=True)
+        return Export(records=records, executions=executions, restarts=restarts, sorted_unique=True)
 
     max_chunks: int = DEFAULT_MAX_CHUNKS
     """Format 2: a boundary lists at most this many ``output_chunk`` members (then one)."""

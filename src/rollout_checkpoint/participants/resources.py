@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from ..errors import (
     CheckpointNotFoundError,
@@ -99,12 +99,11 @@ class ResourcesParticipant(Participant):
         self._sessions: dict[tuple[ExecutionId, str], _Session] = {}
         self._by_execution: dict[ExecutionId, set[str]] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # sessions with accepted mutations
-        # The export, kept up to date incrementally (see ``_export``): per session its payload
-        # and revision as the last export took them, the sessions changed since (``_touch``),
-        # and the rows' keys in order (``None``: re-sort at the next export).
-        self._rows: dict[tuple[ExecutionId, str], tuple[bytes, int]] = {}
+        # The export, kept up to date incrementally (see ``_export``): the sessions changed
+        # since the last export (``_touch``) and the exported sessions in order (``None``:
+        # re-sort at the next export); each session keeps its row (``_Session.row``).
         self._dirty: set[tuple[ExecutionId, str]] = set()
-        self._order: list[tuple[ExecutionId, str]] | None = None
+        self._order: list[tuple[tuple[ExecutionId, str], _Session]] | None = None
         self._opening: dict[tuple[ExecutionId, str], int] = {}  # async work on sessions not open yet
 
     def open_session(
@@ -274,44 +273,47 @@ class ResourcesParticipant(Participant):
             return Export(records=[], executions=[], restarts=live)
         # Incremental: only the sessions touched since the last export are read again; the
         # others keep the (payload, revision) the last export took, which is still theirs.
-        rows, sessions = self._rows, self._sessions
-        updates: dict[tuple[ExecutionId, str], tuple[bytes, int] | None] = {}
+        sessions = self._sessions
         for key in self._dirty:
             session = sessions.get(key)
-            if session is None:
-                updates[key] = None
+            if session is None:  # ended since
+                self._order = None
                 continue
             encoded = session.encoded
             if not isinstance(encoded, bytes):  # stays dirty: every export refuses it until fixed
                 raise InvalidRecordError(
                     f"{self.codec.name} codec cannot encode session {key[1]} of {key[0]}: {encoded}"
                 ) from (encoded if isinstance(encoded, Exception) else None)
-            updates[key] = (encoded, session.revision)
-        for key, row in updates.items():
-            if row is None:
-                if rows.pop(key, None) is not None:
-                    self._order = None
-            else:
-                if key not in rows:
-                    self._order = None
-                rows[key] = row
+            if session.row is None:
+                self._order = None
+            session.row = (encoded, session.revision)
         self._dirty = set()
         order = self._order
         if order is None:
-            order = self._order = sorted(rows, key=lambda k: (k[0].rollout_id, k[0].attempt, k[1]))
-        keys = order if scope is None else [k for k in order if k[0] in scope]
-        snapshot = [(key, rows[key]) for key in keys]  # immutable rows: what the batch needs
+            order = self._order = sorted(
+                ((k, s) for k, s in sessions.items() if s.row is not None),
+                key=lambda p: (p[0][0].rollout_id, p[0][0].attempt, p[0][1]),
+            )
+        in_scope = scope_test(scope)
+        snapshot = [(key, session.row) for key, session in order if in_scope(key[0])]
         codec = self.codec.name
 
         def build() -> list[RecordBatch]:
             return [
                 snapshot_batch(
-                    codec, [(e, s, row[1]) for (e, s), row in snapshot], [row[0] for _, row in snapshot]
+                    codec,
+                    [(e, s, cast(tuple[bytes, int], row)[1]) for (e, s), row in snapshot],
+                    [cast(tuple[bytes, int], row)[0] for _, row in snapshot],
                 )
             ]
 
         # one entry per execution, in order (the keys are sorted by execution first)
-        executions = list(dict.fromkeys(e for e, _ in keys))
+        executions: list[ExecutionId] = []
+        last: ExecutionId | None = None
+        for (execution, _), _ in snapshot:
+            if last is None or (execution is not last and execution != last):
+                executions.append(execution)
+                last = execution
         return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
 
     def _check_references(

@@ -28,6 +28,7 @@ from ...protocol import (
     RecordBatch,
     WorkerTopology,
     execution_key,
+    scope_test,
 )
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
@@ -109,10 +110,9 @@ class PolicyModelParticipant(CutRounds):
         self.worker = validate_id(worker, "worker")
         self.lineage_store = lineage_store
         self._chains: dict[ExecutionId, Chain] = _Chains()
-        # The export, kept between commits (see ``_export``): each quiet chain's fragment as
-        # the last export built it, and the chains' executions in order.
-        self._fragments: dict[ExecutionId, Fragment] = {}
-        self._order: tuple[int, list[ExecutionId]] | None = None  # (_Chains.version, order)
+        # The export's order of the chains, kept between commits while no chain is added,
+        # removed or replaced (see ``_export``): (``_Chains.version``, [(execution, chain)]).
+        self._order: tuple[int, list[tuple[ExecutionId, Chain]]] | None = None
         self._inflight: set[tuple[ExecutionId, str]] = set()  # external calls not yet staged or closed
         self._tickets: dict[tuple[ExecutionId, str], Ticket] = {}
         self._round: CutRound | None = None
@@ -456,23 +456,19 @@ class PolicyModelParticipant(CutRounds):
         chains = self._chains
         version = cast(_Chains, chains).version
         if self._order is None or self._order[0] != version:
-            self._order = (version, sorted(chains, key=execution_key))
-        order = self._order[1]
-        if scope is not None:
-            order = [e for e in order if e in scope]
-        cached = self._fragments
-        fragments: dict[ExecutionId, Fragment] = {}
+            self._order = (version, sorted(chains.items(), key=lambda p: execution_key(p[0])))
+        in_scope = scope_test(scope)
         taken: list[Fragment] = []
         executions: list[ExecutionId] = []
-        for execution in order:
-            chain = chains[execution]
+        for execution, chain in self._order[1]:
+            if not in_scope(execution):
+                continue
             if not chain.pending and not chain.inflight:
-                fragment = cached.get(execution)
-                if fragment is None or fragment[0] is not chain or fragment[1] != len(chain.calls):
+                fragment = cast(Fragment | None, chain.fragment)
+                if fragment is None or fragment[1] != len(chain.calls):
                     if not chain.calls:
                         continue
-                    fragment = _fragment(execution, chain, snapshot_id, NO_PENDING)
-                fragments[execution] = fragment
+                    fragment = chain.fragment = _fragment(execution, chain, snapshot_id, NO_PENDING)
             else:
                 pending = pending_calls(execution, chain, self._tickets, durable)
                 if not chain.calls and not pending:
@@ -480,7 +476,6 @@ class PolicyModelParticipant(CutRounds):
                 fragment = _fragment(execution, chain, snapshot_id, pending)
             executions.append(execution)
             taken.append(fragment)
-        self._fragments = fragments  # the quiet chains' fragments only (the others change)
         sink = self.token_sink.name
 
         def build() -> list[RecordBatch]:
