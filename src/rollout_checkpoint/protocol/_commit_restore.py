@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -32,7 +32,15 @@ from ..store import ObjectStore
 from ..telemetry import Attr, Measured, Span, bound, instruments, operation, participant_operation
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
-from ._hooks import BLOCKERS_REPORTED, DeferredBatches, Export, ExportRecords, Readiness, execution_key
+from ._hooks import (
+    BLOCKERS_REPORTED,
+    DeferredBatches,
+    Export,
+    ExportRecords,
+    Readiness,
+    execution_key,
+    scope_attempts,
+)
 from ._increments import BaseCatalog
 from ._lease import check_deadline
 from ._types import CommitReply, Phase, Publication, RestoreReply, UnsafeEffect
@@ -416,7 +424,13 @@ class CommitRestore(AdmissionGate, abc.ABC):
             raise DeadlineExceededError(f"{op}: another commit/restore still runs at the deadline")
 
     def _effects_in(self, scope: frozenset[ExecutionId] | None) -> list[UnsafeEffect]:
-        rollouts = None if scope is None else {e.rollout_id for e in scope}
+        if not self._effects:
+            return []
+        rollouts: Container[str] | None = None
+        if scope is not None:
+            rollouts = scope_attempts(scope)
+            if rollouts is None:
+                rollouts = {e.rollout_id for e in scope}
         return [
             effect
             for rollout_id in sorted(self._effects)

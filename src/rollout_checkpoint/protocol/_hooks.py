@@ -117,22 +117,28 @@ def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], 
     an export tests every live execution, and a rollout id (a string, its hash cached) is
     looked up much faster than an execution id is hashed. The index is built once per scope
     (the participants of one process that commit one scope share it)."""
-    global _scope_index
     if scope is None:
         return lambda execution: True
-    with _scope_index_lock:
-        memo = _scope_index
-    if memo is not None and memo[0] is scope:
-        attempts = memo[1]
-    else:
-        built = {e.rollout_id: e.attempt for e in scope}
-        attempts = built if len(built) == len(scope) else None  # one attempt per rollout
-        with _scope_index_lock:
-            _scope_index = (scope, attempts)
+    attempts = scope_attempts(scope)
     if attempts is None:
         return scope.__contains__
     get = attempts.get
     return lambda execution: get(execution.rollout_id) == execution.attempt
+
+
+def scope_attempts(scope: frozenset[ExecutionId]) -> dict[str, int] | None:
+    """Rollout id -> attempt of every execution in ``scope`` (``None`` when a rollout has more
+    than one attempt in it), built once per scope object (do not change the result)."""
+    global _scope_index
+    with _scope_index_lock:
+        memo = _scope_index
+    if memo is not None and memo[0] is scope:
+        return memo[1]
+    built = {e.rollout_id: e.attempt for e in scope}
+    attempts = built if len(built) == len(scope) else None  # one attempt per rollout
+    with _scope_index_lock:
+        _scope_index = (scope, attempts)
+    return attempts
 
 
 def restamp(record: Record, attempt: int) -> Record:
