@@ -199,7 +199,11 @@ def test_a_snapshot_shares_entries_until_either_side_changes_one() -> None:
     reg.start(c)
     reg.finish(c)
     d = reg.dispatch("d")
-    assert {e.rollout_id: e.state for e in snap.executions()} == {"a": "running", "b": "finished", "c": "queued"}
+    assert {e.rollout_id: e.state for e in snap.executions()} == {
+        "a": "running",
+        "b": "finished",
+        "c": "queued",
+    }
     assert {e.rollout_id: e.state for e in reg.executions()} == {
         "a": "finished",
         "b": "handed_off",
