@@ -26,6 +26,7 @@ from ..protocol import (
     Readiness,
     WorkerTopology,
     execution_key,
+    in_scope_items,
     restamp,
     scope_test,
     wrong_kind,
@@ -342,13 +343,9 @@ class AgentParticipant(Participant):
                 ((e, run) for e, run in runs.items() if run.row is not None),
                 key=lambda p: execution_key(p[0]),
             )
-        in_scope = scope_test(scope)
-        executions: list[ExecutionId] = []
-        parked: list[_Row] = []  # immutable rows: the snapshot the batches are built from
-        for execution, run in order:
-            if in_scope(execution):
-                executions.append(execution)
-                parked.append(cast(_Row, run.row))
+        kept = in_scope_items(scope, order)
+        executions = [execution for execution, _ in kept]
+        parked: list[_Row] = [run.row for _, run in kept]  # type: ignore[misc]  # (all set)
         restarts = self._restarts(scope)
         if chunked:
             records = DeferredBatches(partial(chunked_batches, parked))

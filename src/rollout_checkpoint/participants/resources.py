@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
 from ..errors import (
     CheckpointNotFoundError,
@@ -35,6 +35,7 @@ from ..protocol import (
     RecordBatch,
     WorkerTopology,
     execution_key,
+    in_scope_items,
     scope_test,
     wrong_kind,
 )
@@ -103,7 +104,7 @@ class ResourcesParticipant(Participant):
         # since the last export (``_touch``) and the exported sessions in order (``None``:
         # re-sort at the next export); each session keeps its row (``_Session.row``).
         self._dirty: set[tuple[ExecutionId, str]] = set()
-        self._order: list[tuple[tuple[ExecutionId, str], _Session]] | None = None
+        self._order: list[tuple[ExecutionId, str, _Session]] | None = None
         self._opening: dict[tuple[ExecutionId, str], int] = {}  # async work on sessions not open yet
 
     def open_session(
@@ -290,30 +291,29 @@ class ResourcesParticipant(Participant):
         self._dirty = set()
         order = self._order
         if order is None:
-            order = self._order = sorted(
-                ((k, s) for k, s in sessions.items() if s.row is not None),
-                key=lambda p: (p[0][0].rollout_id, p[0][0].attempt, p[0][1]),
-            )
-        in_scope = scope_test(scope)
-        snapshot = [(key, session.row) for key, session in order if in_scope(key[0])]
+            exported = ((e, sid, s) for (e, sid), s in sessions.items() if s.row is not None)
+            order = self._order = sorted(exported, key=lambda t: (t[0].rollout_id, t[0].attempt, t[1]))
+        kept = in_scope_items(scope, order)
+        snapshot: list[tuple[ExecutionId, str, tuple[bytes, int]]] = [
+            (e, sid, session.row)  # type: ignore[misc]  # (all set)
+            for e, sid, session in kept
+        ]
         codec = self.codec.name
 
         def build() -> list[RecordBatch]:
             return [
                 snapshot_batch(
-                    codec,
-                    [(e, s, cast(tuple[bytes, int], row)[1]) for (e, s), row in snapshot],
-                    [cast(tuple[bytes, int], row)[0] for _, row in snapshot],
+                    codec, [(e, s, row[1]) for e, s, row in snapshot], [row[0] for _, _, row in snapshot]
                 )
             ]
 
-        # one entry per execution, in order (the keys are sorted by execution first)
+        # one entry per execution, in order (the sessions are sorted by execution first)
         executions: list[ExecutionId] = []
-        last: ExecutionId | None = None
-        for (execution, _), _ in snapshot:
-            if last is None or (execution is not last and execution != last):
-                executions.append(execution)
-                last = execution
+        last_id, last_attempt = None, -1
+        for e, _, _ in kept:
+            if e.rollout_id != last_id or e.attempt != last_attempt:
+                executions.append(e)
+                last_id, last_attempt = e.rollout_id, e.attempt
         return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
 
     def _check_references(

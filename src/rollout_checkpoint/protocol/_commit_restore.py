@@ -481,14 +481,13 @@ def scope_frozenset(scope: Sequence[ExecutionId] | None) -> frozenset[ExecutionI
         return scope
     if not isinstance(scope, tuple):
         return frozenset(scope)
-    with _scope_lock:
+    with _scope_lock:  # held while building: the participants committing it wait for one build
         memo = _scope_memo
         if memo is not None and memo[0] is scope:
             return memo[1]
-    built = frozenset(scope)
-    with _scope_lock:
+        built = frozenset(scope)
         _scope_memo = (scope, built)
-    return built
+        return built
 
 
 def _unique_sorted(executions: Iterable[ExecutionId]) -> list[ExecutionId]:

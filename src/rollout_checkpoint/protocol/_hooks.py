@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from ..errors import InvalidRecordError
 from ..format.columnar import RecordBatch, RecordBatches
@@ -21,6 +22,7 @@ __all__ = [
     "RecordBatch",
     "RecordBatches",
     "execution_key",
+    "in_scope_items",
     "restamp",
     "scope_test",
     "wrong_kind",
@@ -126,19 +128,34 @@ def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], 
     return lambda execution: get(execution.rollout_id) == execution.attempt
 
 
+_Item = TypeVar("_Item", bound=tuple[Any, ...])
+
+
+def in_scope_items(scope: frozenset[ExecutionId] | None, items: Sequence[_Item]) -> list[_Item]:
+    """The items (tuples whose first element is an :class:`ExecutionId`) whose execution is in
+    ``scope``, in order: one pass, the rollout id looked up in the scope's index (no call and
+    no execution-id hash per item: an export filters every live execution with it)."""
+    if scope is None:
+        return list(items)
+    attempts = scope_attempts(scope)
+    if attempts is None:
+        return [item for item in items if item[0] in scope]
+    get = attempts.get
+    return [item for item in items if get(item[0].rollout_id) == item[0].attempt]
+
+
 def scope_attempts(scope: frozenset[ExecutionId]) -> dict[str, int] | None:
     """Rollout id -> attempt of every execution in ``scope`` (``None`` when a rollout has more
     than one attempt in it), built once per scope object (do not change the result)."""
     global _scope_index
-    with _scope_index_lock:
+    with _scope_index_lock:  # held while building: the other participants wait for one build
         memo = _scope_index
-    if memo is not None and memo[0] is scope:
-        return memo[1]
-    built = {e.rollout_id: e.attempt for e in scope}
-    attempts = built if len(built) == len(scope) else None  # one attempt per rollout
-    with _scope_index_lock:
+        if memo is not None and memo[0] is scope:
+            return memo[1]
+        built = {e.rollout_id: e.attempt for e in scope}
+        attempts = built if len(built) == len(scope) else None  # one attempt per rollout
         _scope_index = (scope, attempts)
-    return attempts
+        return attempts
 
 
 def restamp(record: Record, attempt: int) -> Record:

@@ -28,7 +28,7 @@ from ...protocol import (
     RecordBatch,
     WorkerTopology,
     execution_key,
-    scope_test,
+    in_scope_items,
 )
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
@@ -457,14 +457,11 @@ class PolicyModelParticipant(CutRounds):
         version = cast(_Chains, chains).version
         if self._order is None or self._order[0] != version:
             self._order = (version, sorted(chains.items(), key=lambda p: execution_key(p[0])))
-        in_scope = scope_test(scope)
         taken: list[Fragment] = []
         executions: list[ExecutionId] = []
-        for execution, chain in self._order[1]:
-            if not in_scope(execution):
-                continue
+        for execution, chain in in_scope_items(scope, self._order[1]):
             if not chain.pending and not chain.inflight:
-                fragment = cast(Fragment | None, chain.fragment)
+                fragment: Fragment | None = chain.fragment  # type: ignore[assignment]
                 if fragment is None or fragment[1] != len(chain.calls):
                     if not chain.calls:
                         continue
