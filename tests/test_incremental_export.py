@@ -213,3 +213,41 @@ def test_a_session_that_cannot_be_encoded_fails_every_commit_until_it_changes() 
         verify_checkpoint(dep.store, "ck-3")
     finally:
         dep.close()
+
+
+def test_the_freeze_holds_the_garbage_collector_and_gives_it_back() -> None:
+    import gc
+    import threading
+
+    from rollout_checkpoint.protocol import gc_held
+
+    assert gc.isenabled()
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with gc_held():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    with gc_held():
+        thread.start()
+        assert inside.wait(10)
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other holder is still inside
+    release.set()
+    thread.join(10)
+    assert gc.isenabled()
+    gc.disable()  # a process that runs without automatic collection keeps it off
+    try:
+        with gc_held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    dep = Deployment(3)
+    try:
+        dep.coordinator.checkpoint("ck-0", publication="async")
+        assert gc.isenabled()
+    finally:
+        dep.close()

@@ -32,6 +32,7 @@ from ..protocol import (
     Phase,
     PrepareReport,
     Publication,
+    gc_held,
 )
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore
@@ -269,7 +270,7 @@ class CheckpointCycle(Publisher):
             touched: Ordered = []
             seen: dict[str, str] = {}  # this cycle's incarnations
             self._step("freeze")
-            with self.registry.frozen(cid) as live:
+            with gc_held(), self.registry.frozen(cid) as live:  # no cyclic collection in the pause
                 try:
                     with steps.step("prepare"):
                         self._prepare_all(cid, deadline, ordered, touched, seen)

@@ -294,16 +294,16 @@ class ResourcesParticipant(Participant):
             exported = ((e, sid, s) for (e, sid), s in sessions.items() if s.row is not None)
             order = self._order = sorted(exported, key=lambda t: (t[0].rollout_id, t[0].attempt, t[1]))
         kept = in_scope_items(scope, order)
-        snapshot: list[tuple[ExecutionId, str, tuple[bytes, int]]] = [
-            (e, sid, session.row)  # type: ignore[misc]  # (all set)
-            for e, sid, session in kept
-        ]
+        # the rows as of now (immutable tuples; a session's row is replaced, never changed)
+        rows: list[tuple[bytes, int]] = [session.row for _, _, session in kept]  # type: ignore[misc]
         codec = self.codec.name
 
         def build() -> list[RecordBatch]:
             return [
                 snapshot_batch(
-                    codec, [(e, s, row[1]) for e, s, row in snapshot], [row[0] for _, _, row in snapshot]
+                    codec,
+                    [(e, sid, row[1]) for (e, sid, _), row in zip(kept, rows, strict=True)],
+                    [row[0] for row in rows],
                 )
             ]
 

@@ -43,6 +43,7 @@ in-lock operations, the class kinds subclass).
 from __future__ import annotations
 
 from ._cancel import Cancellation
+from ._gc_hold import gc_held
 from ._hooks import (
     BLOCKERS_REPORTED,
     DeferredBatches,
@@ -120,6 +121,7 @@ __all__ = [
     "UnsafeEffect",
     "WorkerTopology",
     "execution_key",
+    "gc_held",
     "in_scope_items",
     "new_incarnation",
     "restamp",
