@@ -32,7 +32,6 @@ from ..protocol import (
     Phase,
     PrepareReport,
     Publication,
-    gc_held,
 )
 from ..registry import LiveExecutionRegistry
 from ..store import ObjectStore
@@ -270,7 +269,7 @@ class CheckpointCycle(Publisher):
             touched: Ordered = []
             seen: dict[str, str] = {}  # this cycle's incarnations
             self._step("freeze")
-            with gc_held(), self.registry.frozen(cid) as live:  # no cyclic collection in the pause
+            with self.registry.frozen(cid) as live:
                 try:
                     with steps.step("prepare"):
                         self._prepare_all(cid, deadline, ordered, touched, seen)

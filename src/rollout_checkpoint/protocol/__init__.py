@@ -43,7 +43,6 @@ in-lock operations, the class kinds subclass).
 from __future__ import annotations
 
 from ._cancel import Cancellation
-from ._gc_hold import gc_held
 from ._hooks import (
     BLOCKERS_REPORTED,
     DeferredBatches,
@@ -121,7 +120,6 @@ __all__ = [
     "UnsafeEffect",
     "WorkerTopology",
     "execution_key",
-    "gc_held",
     "in_scope_items",
     "new_incarnation",
     "restamp",

@@ -32,7 +32,6 @@ from ..store import ObjectStore
 from ..telemetry import Attr, Measured, Span, bound, instruments, operation, participant_operation
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
-from ._gc_hold import gc_held
 from ._hooks import (
     BLOCKERS_REPORTED,
     DeferredBatches,
@@ -86,7 +85,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         self._acquire_gate(deadline, "commit")
         try:
             self._uploads.wait_others(checkpoint_id, deadline)
-            with gc_held(), self._cond:  # the freeze: no cyclic collection inside the pause
+            with self._cond:
                 self._check_lease()
                 check_deadline(deadline, self._clock(), "commit", limit=self.max_deadline_seconds)
                 self._refuse_stale(checkpoint_id)
