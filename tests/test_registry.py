@@ -183,3 +183,36 @@ def test_a_registry_entry_clone_copies_every_slot() -> None:
     assert twin is not entry
     for name in _Entry.__slots__:
         assert getattr(twin, name) is getattr(entry, name), name
+
+
+def test_a_snapshot_shares_entries_until_either_side_changes_one() -> None:
+    """The asynchronous snapshot copies only the mapping (copy on write): a change after it,
+    in the registry or in the snapshot, never shows on the other side."""
+    reg = LiveExecutionRegistry()
+    a, b, c = (reg.dispatch(r) for r in ("a", "b", "c"))
+    reg.start(a)
+    reg.start(b)
+    reg.finish(b)
+    snap = reg.snapshot()
+    reg.finish(a)  # running -> finished
+    reg.hand_off(b, {"answer": 1})
+    reg.start(c)
+    reg.finish(c)
+    d = reg.dispatch("d")
+    assert {e.rollout_id: e.state for e in snap.executions()} == {
+        "a": "running",
+        "b": "finished",
+        "c": "queued",
+    }
+    assert {e.rollout_id: e.state for e in reg.executions()} == {
+        "a": "finished",
+        "b": "handed_off",
+        "c": "finished",
+        "d": "queued",
+    }
+    second = reg.snapshot()
+    reg.consume(b)
+    reg.start(d)
+    assert second.get("b").state == "handed_off" and second.get("d").state == "queued"
+    snap.start(c)  # a change to a snapshot clones too
+    assert reg.get("c").state == "finished" and snap.get("c").state == "running"

@@ -168,9 +168,10 @@ class CheckpointCycle(Publisher):
         while another writes, and over HTTP the servers' commits overlap instead of adding up.
         The first failure in prepare order is raised after every commit has returned."""
         calls = []
+        scope = tuple(live)  # one immutable scope for every participant (hashed once in process)
         for name, p in ordered:
             commit = p.commit if publication == "sync" else partial(_async(p).commit, publication="async")
-            calls.append((name, partial(self._call, name, "commit", commit, cid, hooked, deadline, live)))
+            calls.append((name, partial(self._call, name, "commit", commit, cid, hooked, deadline, scope)))
         committed: list[tuple[str, CommitReply]] = self._fan_out(calls)
         self._check_incarnations(cid, seen, committed)
         return [(name, p, reply) for (name, p), (_, reply) in zip(ordered, committed, strict=True)]

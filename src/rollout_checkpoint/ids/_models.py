@@ -61,6 +61,18 @@ class ExecutionId(BaseModel):
     def __str__(self) -> str:
         return f"{self.rollout_id}#{self.attempt}"
 
+    # The identity is (rollout_id, attempt): hashed and compared on those two fields only.
+    # pydantic's generated ``__hash__`` / ``__eq__`` give the same answers (the model is frozen,
+    # with no extra or private fields) at several times the cost, and a checkpoint hashes every
+    # live execution (the commit's scope) inside its pause.
+    def __hash__(self) -> int:
+        return hash((self.rollout_id, self.attempt))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ExecutionId):
+            return self.rollout_id == other.rollout_id and self.attempt == other.attempt
+        return NotImplemented
+
 
 # Nested in another model (a request body's ``scope``), an ExecutionId is validated by pydantic
 # itself, so its errors stay part of that model's ``ValidationError`` with their field paths;

@@ -32,6 +32,7 @@ class _Session:
     encoded: bytes | Exception | None  # the member payload of ``state`` (exported mode), or an error
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
+    row: tuple[bytes, int] | None = None  # (payload, revision) as the last export took them
 
 
 _FIRST_POLL_S = 0.002
@@ -99,6 +100,7 @@ class SessionWork:
                 self._session.state = state
                 self._session.encoded = encoded
                 self._session.revision = revision
+                p._touch(self.execution, self.session_id)
             p._changed()
             return revision
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, cast
 
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
@@ -19,12 +20,13 @@ from ..format.records import AgentBoundaryRecord, Record
 from ..ids import ExecutionId, validate_id
 from ..protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
+    DeferredBatches,
     Export,
     Participant,
     Readiness,
-    RecordBatches,
     WorkerTopology,
     execution_key,
+    in_scope_items,
     restamp,
     scope_test,
     wrong_kind,
@@ -34,6 +36,11 @@ from ._boundaries import Chunk, SavedBoundary, boundary_batch, chunked_batches, 
 __all__ = ["AgentMode", "AgentParticipant"]
 
 AgentMode = Literal["exported", "restart_only"]
+
+
+_Row = tuple[SavedBoundary, str | None, tuple[Chunk, ...], bytes]
+"""What an export takes of a run: ``(boundary, awaited model call, chunks, payload)`` (format 2;
+format 1 keeps ``()`` and ``b""`` for the last two)."""
 
 
 @dataclass
@@ -49,6 +56,9 @@ class _AgentRun:
     sealed: tuple[SavedBoundary, tuple[Chunk, ...], tuple[Chunk, ...]] | None = None
     """Format 2: ``(saved, chunks, seal_chunks(saved, chunks))`` computed when ``saved`` was
     reported, so that a commit of an unchanged run seals nothing inside the pause."""
+    row: _Row | None = None
+    """What the last export took of this run (``None``: not exported); rebuilt only when the
+    run changed since (``AgentParticipant._dirty``)."""
 
     @property
     def boundary(self) -> AgentBoundaryRecord | None:
@@ -97,6 +107,13 @@ class AgentParticipant(Participant):
         self._running: set[ExecutionId] = set()  # in a turn and not parked
         self._awaiting: set[ExecutionId] = set()  # parked on a model call
         self._pending: set[ExecutionId] = set()
+        self._restart_only: set[ExecutionId] = set()  # live runs that can only restart
+        # The export, kept up to date incrementally (see ``_export``): the runs whose row may
+        # have changed since the last export, and the exported runs in order (``None``: re-sort
+        # at the next export); each run keeps its row (``_AgentRun.row``).
+        self._rows_chunked: bool | None = None  # the format the rows were built for
+        self._dirty: set[ExecutionId] = set()
+        self._order: list[tuple[ExecutionId, _AgentRun]] | None = None
 
     def begin(
         self, execution: ExecutionId, *, wait: float = 0.0, restart_only: bool = False
@@ -120,6 +137,7 @@ class AgentParticipant(Participant):
                 run.restored = False
                 run.restart_only = restart_only or self.mode == "restart_only"
                 self._pending.discard(execution)
+                self._mark(execution)
                 return run.boundary
             self._register(execution)
             self._runs[execution] = _AgentRun(
@@ -242,10 +260,15 @@ class AgentParticipant(Participant):
             return self._run(execution).boundary
 
     def _mark(self, execution: ExecutionId) -> None:
-        """Keep the readiness indexes in step with the run's state."""
+        """Keep the readiness indexes (and the export's dirty set) in step with the run's state."""
         run = self._runs.get(execution)
+        self._dirty.add(execution)
         self._running.discard(execution)
         self._awaiting.discard(execution)
+        if run is not None and run.restart_only:
+            self._restart_only.add(execution)
+        else:
+            self._restart_only.discard(execution)
         if run is None or run.restart_only:
             return
         if run.awaiting is not None:
@@ -258,6 +281,8 @@ class AgentParticipant(Participant):
         self._running.discard(execution)
         self._awaiting.discard(execution)
         self._pending.discard(execution)
+        self._restart_only.discard(execution)
+        self._dirty.add(execution)
 
     def _run(self, execution: ExecutionId) -> _AgentRun:
         run = self._runs.get(execution)
@@ -267,10 +292,7 @@ class AgentParticipant(Participant):
 
     def _restarts(self, scope: frozenset[ExecutionId] | None) -> list[ExecutionId]:
         in_scope = scope_test(scope)
-        return sorted(
-            (e for e, run in self._runs.items() if run.restart_only and in_scope(e)),
-            key=execution_key,
-        )
+        return sorted((e for e in self._restart_only if in_scope(e)), key=execution_key)
 
     # -- hooks ------------------------------------------------------------------------------
     def _readiness(self) -> Readiness:
@@ -290,20 +312,46 @@ class AgentParticipant(Participant):
         )
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        in_scope = scope_test(scope)
+        """Incremental: only the runs that changed since the last export are looked at (their
+        rows rebuilt: a format-2 boundary seals its new chunk here, as it always did); the
+        others keep the row the last export built, which is still exactly what they would build
+        (a run's row changes only through ``_mark`` / ``_drop_run``, which mark it dirty). The
+        batches are built from the rows after the freeze (:class:`DeferredBatches`)."""
         runs = self._runs
-        executions = sorted(
-            (e for e, run in runs.items() if not run.restart_only and run.saved is not None and in_scope(e)),
-            key=execution_key,
-        )
-        if self.incremental_commits:
-            batches = chunked_batches([self._chunked(runs[e]) for e in executions])
-            return Export(
-                records=RecordBatches(batches), executions=executions, restarts=self._restarts(scope)
+        chunked = self.incremental_commits
+        dirty = self._dirty
+        if self._rows_chunked is not chunked:  # first export, or the format changed: every run
+            dirty = set(runs)
+            self._rows_chunked = chunked
+            self._order = None
+        for execution in dirty:
+            run = runs.get(execution)
+            if run is None:  # dropped since
+                self._order = None
+                continue
+            had = run.row is not None
+            if run.restart_only or run.saved is None:
+                run.row = None
+            else:
+                run.row = self._chunked(run) if chunked else (run.saved, run.awaiting, (), b"")
+            if had != (run.row is not None):
+                self._order = None
+        self._dirty = set()
+        order = self._order
+        if order is None:
+            order = self._order = sorted(
+                ((e, run) for e, run in runs.items() if run.row is not None),
+                key=lambda p: execution_key(p[0]),
             )
-        parked = [(runs[e].saved, runs[e].awaiting) for e in executions]
-        batch = boundary_batch(cast(list[tuple[SavedBoundary, str | None]], parked))
-        return Export(records=RecordBatches([batch]), executions=executions, restarts=self._restarts(scope))
+        kept = in_scope_items(scope, order)
+        executions = [execution for execution, _ in kept]
+        parked: list[_Row] = [run.row for _, run in kept]  # type: ignore[misc]  # (all set)
+        restarts = self._restarts(scope)
+        if chunked:
+            records = DeferredBatches(partial(chunked_batches, parked))
+        else:
+            records = DeferredBatches(lambda: [boundary_batch([(b, a) for b, a, _, _ in parked])])
+        return Export(records=records, executions=executions, restarts=restarts, sorted_unique=True)
 
     max_chunks: int = DEFAULT_MAX_CHUNKS
     """Format 2: a boundary lists at most this many ``output_chunk`` members (then one)."""
@@ -357,6 +405,7 @@ class AgentParticipant(Participant):
                     restored=True,
                 )
                 self._pending.add(nxt)
+                self._mark(nxt)
                 restored.append(nxt)
             return restored
 

@@ -28,13 +28,14 @@ from ..ids import ExecutionId, validate_id
 from ..protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
     CheckpointMode,
+    DeferredBatches,
     Export,
     Participant,
     Readiness,
     RecordBatch,
-    RecordBatches,
     WorkerTopology,
     execution_key,
+    in_scope_items,
     scope_test,
     wrong_kind,
 )
@@ -99,6 +100,11 @@ class ResourcesParticipant(Participant):
         self._sessions: dict[tuple[ExecutionId, str], _Session] = {}
         self._by_execution: dict[ExecutionId, set[str]] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # sessions with accepted mutations
+        # The export, kept up to date incrementally (see ``_export``): the sessions changed
+        # since the last export (``_touch``) and the exported sessions in order (``None``:
+        # re-sort at the next export); each session keeps its row (``_Session.row``).
+        self._dirty: set[tuple[ExecutionId, str]] = set()
+        self._order: list[tuple[ExecutionId, str, _Session]] | None = None
         self._opening: dict[tuple[ExecutionId, str], int] = {}  # async work on sessions not open yet
 
     def open_session(
@@ -148,6 +154,7 @@ class ResourcesParticipant(Participant):
                     session.state = new_state
                     session.encoded = encoded
                     session.revision += 1
+                    self._touch(execution, session_id)
                     return session.revision
         finally:
             with self._cond:
@@ -214,8 +221,16 @@ class ResourcesParticipant(Participant):
     def _add_session(self, execution: ExecutionId, session_id: str, session: _Session) -> None:
         self._sessions[(execution, session_id)] = session
         self._by_execution.setdefault(execution, set()).add(session_id)
+        self._touch(execution, session_id)
+
+    def _touch(self, execution: ExecutionId, session_id: str) -> None:
+        """The session's state, revision or existence changed: the next export re-reads it.
+        Every change of ``_sessions`` or of a session's ``encoded`` / ``revision`` calls this
+        (lock held)."""
+        self._dirty.add((execution, session_id))
 
     def _drop_session(self, execution: ExecutionId, session_id: str) -> None:
+        self._touch(execution, session_id)
         self._sessions.pop((execution, session_id), None)
         self._inflight.discard((execution, session_id))
         ids = self._by_execution.get(execution)
@@ -257,24 +272,49 @@ class ResourcesParticipant(Participant):
         if self.mode == "restart_only":
             live = [e for e in self._live_executions() if in_scope(e)]
             return Export(records=[], executions=[], restarts=live)
-        sessions = sorted(
-            (
-                (execution, session_id, session.encoded, session.revision)
-                for (execution, session_id), session in self._sessions.items()
-                if in_scope(execution)
-            ),
-            key=lambda item: (item[0].rollout_id, item[0].attempt, item[1]),
-        )
-        payloads: list[bytes] = []
-        for execution, session_id, encoded, _ in sessions:
-            if not isinstance(encoded, bytes):
+        # Incremental: only the sessions touched since the last export are read again; the
+        # others keep the (payload, revision) the last export took, which is still theirs.
+        sessions = self._sessions
+        for key in self._dirty:
+            session = sessions.get(key)
+            if session is None:  # ended since
+                self._order = None
+                continue
+            encoded = session.encoded
+            if not isinstance(encoded, bytes):  # stays dirty: every export refuses it until fixed
                 raise InvalidRecordError(
-                    f"{self.codec.name} codec cannot encode session {session_id} of {execution}: {encoded}"
+                    f"{self.codec.name} codec cannot encode session {key[1]} of {key[0]}: {encoded}"
                 ) from (encoded if isinstance(encoded, Exception) else None)
-            payloads.append(encoded)
-        batch = snapshot_batch(self.codec.name, [(e, s, r) for e, s, _, r in sessions], payloads)
-        # one entry per session (the commit dedupes executions by their (rollout, attempt) key)
-        return Export(records=RecordBatches([batch]), executions=[e for e, _, _, _ in sessions])
+            if session.row is None:
+                self._order = None
+            session.row = (encoded, session.revision)
+        self._dirty = set()
+        order = self._order
+        if order is None:
+            exported = ((e, sid, s) for (e, sid), s in sessions.items() if s.row is not None)
+            order = self._order = sorted(exported, key=lambda t: (t[0].rollout_id, t[0].attempt, t[1]))
+        kept = in_scope_items(scope, order)
+        # the rows as of now (immutable tuples; a session's row is replaced, never changed)
+        rows: list[tuple[bytes, int]] = [session.row for _, _, session in kept]  # type: ignore[misc]
+        codec = self.codec.name
+
+        def build() -> list[RecordBatch]:
+            return [
+                snapshot_batch(
+                    codec,
+                    [(e, sid, row[1]) for (e, sid, _), row in zip(kept, rows, strict=True)],
+                    [row[0] for row in rows],
+                )
+            ]
+
+        # one entry per execution, in order (the sessions are sorted by execution first)
+        executions: list[ExecutionId] = []
+        last_id, last_attempt = None, -1
+        for e, _, _ in kept:
+            if e.rollout_id != last_id or e.attempt != last_attempt:
+                executions.append(e)
+                last_id, last_attempt = e.rollout_id, e.attempt
+        return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
 
     def _check_references(
         self,

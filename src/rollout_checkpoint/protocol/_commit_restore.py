@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from pydantic import JsonValue
@@ -31,7 +32,15 @@ from ..store import ObjectStore
 from ..telemetry import Attr, Measured, Span, bound, instruments, operation, participant_operation
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
-from ._hooks import BLOCKERS_REPORTED, Export, ExportRecords, Readiness, execution_key
+from ._hooks import (
+    BLOCKERS_REPORTED,
+    DeferredBatches,
+    Export,
+    ExportRecords,
+    Readiness,
+    execution_key,
+    scope_attempts,
+)
 from ._increments import BaseCatalog
 from ._lease import check_deadline
 from ._types import CommitReply, Phase, Publication, RestoreReply, UnsafeEffect
@@ -72,7 +81,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         check_deadline(deadline, self._clock(), "commit", limit=self.max_deadline_seconds)
         if publication not in ("sync", "async"):
             raise ValueError(f"publication must be 'sync' or 'async', not {publication!r}")
-        scope_set = frozenset(scope) if scope is not None else None
+        scope_set = scope_frozenset(scope)
         self._acquire_gate(deadline, "commit")
         try:
             self._uploads.wait_others(checkpoint_id, deadline)
@@ -110,19 +119,24 @@ class CommitRestore(AdmissionGate, abc.ABC):
                 self._extend_lease(deadline)
                 with operation(Span.participant("export")) as exporting:
                     export = self._export(scope_set)
-                    exporting.set(Attr.RECORDS, len(export.records))
-                restarts = _unique_sorted(export.restarts)
-                executions = _unique_sorted(export.executions)
+                    if not isinstance(export.records, DeferredBatches):  # built after the freeze
+                        exporting.set(Attr.RECORDS, len(export.records))
+                if export.sorted_unique:
+                    restarts, executions = list(export.restarts), list(export.executions)
+                else:
+                    restarts = _unique_sorted(export.restarts)
+                    executions = _unique_sorted(export.executions)
                 effects = self._effects_in(scope_set)
-                extra: dict[str, JsonValue] = {
-                    "capabilities": self._capabilities.model_dump(mode="json"),
-                    "tombstones": dict(self.fence.snapshot()),
-                    "executions": [[e.rollout_id, e.attempt] for e in executions],
-                    "restarts": [[e.rollout_id, e.attempt] for e in restarts],
-                    "unsafe_effects": [u.model_dump(mode="json") for u in effects],
-                }
-                for name, value in self._manifest_extra().items():
-                    extra.setdefault(name, value)
+                # the manifest's JSON: the per-execution lists are built with the archive (after
+                # the freeze for an asynchronous commit), from the immutable lists fixed here
+                extra = _ManifestExtra(
+                    capabilities=self._capabilities.model_dump(mode="json"),
+                    tombstones=dict(self.fence.snapshot()),
+                    executions=tuple(executions),
+                    restarts=tuple(restarts),
+                    unsafe_effects=[u.model_dump(mode="json") for u in effects],
+                    more=dict(self._manifest_extra()),
+                )
                 generation = self._generation
 
                 def reply(phase: Phase, ref: tuple[str, str, int] | None) -> CommitReply:
@@ -291,7 +305,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         store: str | ObjectStore,
         deadline: float,
         records: ExportRecords,
-        extra: dict[str, JsonValue],
+        extra: _ManifestExtra,
         generation: int,
         part: str | None = None,
     ) -> tuple[str, str, int]:
@@ -302,7 +316,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
                 self.kind,
                 self.instance,
                 records,
-                extra,
+                extra.json(),
                 lock=self._write_lock(checkpoint_id, generation),
                 check_active=lambda: self._check_still_active(checkpoint_id, generation, deadline, "commit"),
                 written=partial(_count, writing, "write", self.kind),
@@ -410,13 +424,70 @@ class CommitRestore(AdmissionGate, abc.ABC):
             raise DeadlineExceededError(f"{op}: another commit/restore still runs at the deadline")
 
     def _effects_in(self, scope: frozenset[ExecutionId] | None) -> list[UnsafeEffect]:
-        rollouts = None if scope is None else {e.rollout_id for e in scope}
+        if not self._effects:
+            return []
+        rollouts: Container[str] | None = None
+        if scope is not None:
+            rollouts = scope_attempts(scope)
+            if rollouts is None:
+                rollouts = {e.rollout_id for e in scope}
         return [
             effect
             for rollout_id in sorted(self._effects)
             if rollouts is None or rollout_id in rollouts
             for effect in self._effects[rollout_id]
         ]
+
+
+@dataclass(frozen=True)
+class _ManifestExtra:
+    """A commit's manifest ``extra``, fixed under the lock; :meth:`json` builds the JSON (the
+    same keys in the same order as ever) when the archive is written."""
+
+    capabilities: JsonValue
+    tombstones: dict[str, int]
+    executions: tuple[ExecutionId, ...]
+    restarts: tuple[ExecutionId, ...]
+    unsafe_effects: list[JsonValue]
+    more: dict[str, JsonValue]
+
+    def json(self) -> dict[str, JsonValue]:
+        extra: dict[str, JsonValue] = {
+            "capabilities": self.capabilities,
+            "tombstones": dict(self.tombstones),
+            "executions": [[e.rollout_id, e.attempt] for e in self.executions],
+            "restarts": [[e.rollout_id, e.attempt] for e in self.restarts],
+            "unsafe_effects": list(self.unsafe_effects),
+        }
+        for name, value in self.more.items():
+            extra.setdefault(name, value)
+        return extra
+
+
+_scope_memo: tuple[Sequence[ExecutionId], frozenset[ExecutionId]] | None = None
+_scope_lock = threading.Lock()
+
+
+def scope_frozenset(scope: Sequence[ExecutionId] | None) -> frozenset[ExecutionId] | None:
+    """``frozenset(scope)``, built once for the participants of one process that commit the same
+    scope **tuple** (a coordinator hands every in-process participant its one tuple of live
+    executions: hashing 100,000 of them three times was a measurable part of the pause). Only
+    a tuple is memoized, by identity: it cannot change, and the memo keeps it alive, so its id
+    is not reused meanwhile."""
+    global _scope_memo
+    if scope is None:
+        return None
+    if isinstance(scope, frozenset):
+        return scope
+    if not isinstance(scope, tuple):
+        return frozenset(scope)
+    with _scope_lock:  # held while building: the participants committing it wait for one build
+        memo = _scope_memo
+        if memo is not None and memo[0] is scope:
+            return memo[1]
+        built = frozenset(scope)
+        _scope_memo = (scope, built)
+        return built
 
 
 def _unique_sorted(executions: Iterable[ExecutionId]) -> list[ExecutionId]:

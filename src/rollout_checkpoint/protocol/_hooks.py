@@ -3,8 +3,10 @@ small execution helpers the kinds share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from ..errors import InvalidRecordError
 from ..format.columnar import RecordBatch, RecordBatches
@@ -13,12 +15,14 @@ from ..ids import ExecutionId
 
 __all__ = [
     "BLOCKERS_REPORTED",
+    "DeferredBatches",
     "Export",
     "ExportRecords",
     "Readiness",
     "RecordBatch",
     "RecordBatches",
     "execution_key",
+    "in_scope_items",
     "restamp",
     "scope_test",
     "wrong_kind",
@@ -30,6 +34,43 @@ BLOCKERS_REPORTED = 100
 
 ExportRecords = Sequence[Record] | RecordBatches
 """What an export commits: record models, or pre-encoded columnar batches (the fast path)."""
+
+
+class DeferredBatches(RecordBatches):
+    """Batches an export builds **after** the freeze, from a snapshot it took under the lock.
+
+    ``build`` must read only what the export captured (immutable values: encoded payloads,
+    frozen records, tuples), never the participant's live state, so building later, in an
+    asynchronous commit's upload after the resume, gives exactly the batches the export would
+    have built at the freeze. The pause then holds only the snapshot's cost (proportional to
+    what changed since the previous export, plus C-level copies); the column building, the
+    per-column checks and the sort run outside it. Built once, on first use (thread-safe); an
+    error raised by ``build`` is raised by that use (the commit's write: the upload fails and
+    nothing is published).
+    """
+
+    def __init__(self, build: Callable[[], Iterable[RecordBatch]]) -> None:
+        self._build: Callable[[], Iterable[RecordBatch]] | None = build
+        self._lock = threading.Lock()
+        self._batches: tuple[RecordBatch, ...] | None = None
+
+    @property
+    def batches(self) -> tuple[RecordBatch, ...]:  # type: ignore[override]
+        with self._lock:
+            if self._batches is None:
+                assert self._build is not None
+                built = RecordBatches(self._build())
+                self._batches, self._count, self._build = built.batches, len(built), None
+            return self._batches
+
+    def __len__(self) -> int:
+        self.batches  # noqa: B018 (built on first use)
+        return self._count
+
+    def __repr__(self) -> str:
+        if self._batches is None:
+            return "DeferredBatches(not built)"
+        return super().__repr__()
 
 
 def execution_key(execution: ExecutionId) -> tuple[str, int]:
@@ -60,23 +101,61 @@ class Export:
     records: ExportRecords
     executions: Sequence[ExecutionId]
     restarts: Sequence[ExecutionId] = ()
+    sorted_unique: bool = False
+    """``executions`` and ``restarts`` are already distinct and in :func:`execution_key` order
+    (an export that keeps them sorted spares the commit a sort of every live execution)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.records, RecordBatches | tuple):
             object.__setattr__(self, "records", tuple(self.records))
 
 
+_scope_index: tuple[frozenset[ExecutionId], dict[str, int] | None] | None = None
+_scope_index_lock = threading.Lock()
+
+
 def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], bool]:
-    """``execution in scope`` (everything when ``scope`` is None), by rollout id and attempt: an
-    export tests every live execution, and plain strings and ints hash and compare much faster
-    than the pydantic models (and allocate nothing the garbage collector tracks)."""
+    """``execution in scope`` (everything when ``scope`` is None), by rollout id and attempt:
+    an export tests every live execution, and a rollout id (a string, its hash cached) is
+    looked up much faster than an execution id is hashed. The index is built once per scope
+    (the participants of one process that commit one scope share it)."""
     if scope is None:
         return lambda execution: True
-    attempts = {e.rollout_id: e.attempt for e in scope}
-    if len(attempts) == len(scope):  # one attempt per rollout, as a coordinator's scope has
-        return lambda execution: attempts.get(execution.rollout_id) == execution.attempt
-    keys = {(e.rollout_id, e.attempt) for e in scope}
-    return lambda execution: (execution.rollout_id, execution.attempt) in keys
+    attempts = scope_attempts(scope)
+    if attempts is None:
+        return scope.__contains__
+    get = attempts.get
+    return lambda execution: get(execution.rollout_id) == execution.attempt
+
+
+_Item = TypeVar("_Item", bound=tuple[Any, ...])
+
+
+def in_scope_items(scope: frozenset[ExecutionId] | None, items: Sequence[_Item]) -> list[_Item]:
+    """The items (tuples whose first element is an :class:`ExecutionId`) whose execution is in
+    ``scope``, in order: one pass, the rollout id looked up in the scope's index (no call and
+    no execution-id hash per item: an export filters every live execution with it)."""
+    if scope is None:
+        return list(items)
+    attempts = scope_attempts(scope)
+    if attempts is None:
+        return [item for item in items if item[0] in scope]
+    get = attempts.get
+    return [item for item in items if get(item[0].rollout_id) == item[0].attempt]
+
+
+def scope_attempts(scope: frozenset[ExecutionId]) -> dict[str, int] | None:
+    """Rollout id -> attempt of every execution in ``scope`` (``None`` when a rollout has more
+    than one attempt in it), built once per scope object (do not change the result)."""
+    global _scope_index
+    with _scope_index_lock:  # held while building: the other participants wait for one build
+        memo = _scope_index
+        if memo is not None and memo[0] is scope:
+            return memo[1]
+        built = {e.rollout_id: e.attempt for e in scope}
+        attempts = built if len(built) == len(scope) else None  # one attempt per rollout
+        _scope_index = (scope, attempts)
+        return attempts
 
 
 def restamp(record: Record, attempt: int) -> Record:

@@ -55,6 +55,9 @@ class LiveExecutionRegistry:
         self._entries: dict[str, _Entry] = {}
         self._retired: dict[str, int] = {}
         self._frozen_by: str | None = None
+        # Copy on write after a snapshot (see ``snapshot``): the rollouts whose entry object is
+        # this registry's own since the last snapshot; ``None``: no entry is shared.
+        self._owned: set[str] | None = None
 
     # -- dispatch ----------------------------------------------------------------------------
     def dispatch(
@@ -78,6 +81,8 @@ class LiveExecutionRegistry:
             retired = self._retired.get(rollout_id)
             attempt = 0 if retired is None else retired + 1
             self._entries[rollout_id] = _Entry(rollout_id, attempt, "queued", input_digest, restart_only)
+            if self._owned is not None:
+                self._owned.add(rollout_id)
             return ExecutionId(rollout_id=rollout_id, attempt=attempt)
 
     def redispatch(self, execution: ExecutionId) -> ExecutionId:
@@ -122,6 +127,7 @@ class LiveExecutionRegistry:
         with self._lock:
             entry = self._current(execution)
             self._require(entry, "finished", "handed_off")
+            entry = self._own(entry)
             entry.state = "handed_off"
             entry.set_result(record, payload)
         return record
@@ -133,6 +139,7 @@ class LiveExecutionRegistry:
             self._require(entry, "handed_off", "consumed")
             assert entry.result is not None
             result = entry.result
+            entry = self._own(entry)
             entry.state = "consumed"
             entry.set_result(None, None)
             return result
@@ -278,12 +285,28 @@ class LiveExecutionRegistry:
 
     def snapshot(self) -> LiveExecutionRegistry:
         """A private copy taken atomically (an asynchronous publication writes the registry
-        component from it after the resume): entries are copied, their encoded parts shared."""
+        component from it after the resume). Copy on write: the copy shares this registry's
+        entry objects (a C-level copy of the mapping, inside the pause), and this registry
+        clones an entry before it first changes it after the snapshot (``_own``), so the copy
+        never sees a later change. The copy is read only (it is written out, never changed)."""
         copy = LiveExecutionRegistry()
         with self._lock:
-            copy._entries = {rollout_id: e.clone() for rollout_id, e in self._entries.items()}
+            copy._entries = dict(self._entries)
             copy._retired = dict(self._retired)
+            self._owned = set()  # every entry is shared now
+        copy._owned = set()  # the copy's entries are shared too: a change to it clones first
         return copy
+
+    def _own(self, entry: _Entry) -> _Entry:
+        """``entry`` as this registry's own object, cloned (and put in its place) first if a
+        snapshot may share it. Lock held; every change of an existing entry goes through it."""
+        owned = self._owned
+        if owned is None or entry.rollout_id in owned:
+            return entry
+        twin = entry.clone()
+        self._entries[entry.rollout_id] = twin
+        owned.add(entry.rollout_id)
+        return twin
 
     def install(self, entries: Iterable[RegistryEntry], retired: Mapping[str, int] | None = None) -> None:
         """Replace the whole content (restore uses it); validated completely before installing."""
@@ -309,6 +332,7 @@ class LiveExecutionRegistry:
         with self._lock:
             self._check_open()
             self._entries = staged
+            self._owned = None  # new entry objects: none is shared
             self._retired = marks
 
     # -- internals ----------------------------------------------------------------------------------
@@ -350,7 +374,7 @@ class LiveExecutionRegistry:
         with self._lock:
             entry = self._current(execution)
             self._require(entry, state, target)
-            entry.state = target
+            self._own(entry).state = target
 
     def _retire_locked(self, entry: _Entry) -> None:
         del self._entries[entry.rollout_id]

@@ -46,6 +46,10 @@ class Chain:
     """Token key -> the snapshot id its receipt named when this process first exported it (kept,
     so an unchanged receipt is the same member at every checkpoint: format 2 refers to it)."""
 
+    fragment: object = field(default=None, repr=False, compare=False)
+    """What the last export took of this chain while it was quiet (the participant's
+    ``Fragment``), reused while the chain stays quiet and does not grow."""
+
     def receipt_snapshot(self, key: str, snapshot_id: str) -> str:
         """The snapshot id the receipt of ``key`` names: the first one it was exported under."""
         return self.receipt_snapshots.setdefault(key, snapshot_id)

@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal, cast
 
 from pydantic import JsonValue
 
@@ -22,12 +22,13 @@ from ...format.records import GenerationCut, ModelCallLineageRecord, Record
 from ...ids import ExecutionId, validate_id
 from ...protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
+    DeferredBatches,
     Export,
     Readiness,
-    RecordBatches,
+    RecordBatch,
     WorkerTopology,
     execution_key,
-    scope_test,
+    in_scope_items,
 )
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
@@ -43,7 +44,7 @@ from ._calls import (
 )
 from ._chain import Chain, chains_from_records
 from ._cutting import CutRounds
-from ._export import NO_PENDING, ReceiptColumns, lineage_batch, lineage_payload, pending_calls
+from ._export import NO_PENDING, Pending, ReceiptColumns, lineage_batch, lineage_payload, pending_calls
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
@@ -108,7 +109,10 @@ class PolicyModelParticipant(CutRounds):
         self.policy_version = check_policy_version(policy_version)
         self.worker = validate_id(worker, "worker")
         self.lineage_store = lineage_store
-        self._chains: dict[ExecutionId, Chain] = {}
+        self._chains: dict[ExecutionId, Chain] = _Chains()
+        # The export's order of the chains, kept between commits while no chain is added,
+        # removed or replaced (see ``_export``): (``_Chains.version``, [(execution, chain)]).
+        self._order: tuple[int, list[tuple[ExecutionId, Chain]]] | None = None
         self._inflight: set[tuple[ExecutionId, str]] = set()  # external calls not yet staged or closed
         self._tickets: dict[tuple[ExecutionId, str], Ticket] = {}
         self._round: CutRound | None = None
@@ -439,55 +443,50 @@ class PolicyModelParticipant(CutRounds):
         return extra
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        """Incremental: a *quiet* chain (no call in flight, no pending cut) that did not grow
+        since the last export reuses the fragment that export built (its calls are append-only,
+        each call's receipt and payload are set with it, and a receipt's snapshot id is fixed
+        when it is first exported, so the fragment is still exactly what it would build now).
+        Other chains are built afresh, their undelivered calls checked here as before. The
+        batches are built from the fragments after the freeze (:class:`DeferredBatches`)."""
         snapshot_id = self._active
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
-        in_scope = scope_test(scope)
-        lineage: list[ModelCallLineageRecord] = []
-        encoded: list[bytes | None] = []
-        receipts = ReceiptColumns()
+        chains = self._chains
+        version = cast(_Chains, chains).version
+        if self._order is None or self._order[0] != version:
+            self._order = (version, sorted(chains.items(), key=lambda p: execution_key(p[0])))
+        taken: list[Fragment] = []
         executions: list[ExecutionId] = []
-        for execution in sorted(self._chains, key=execution_key):
-            if not in_scope(execution):
-                continue
-            chain = self._chains[execution]
-            pending = NO_PENDING
-            if chain.pending or chain.inflight:
+        for execution, chain in in_scope_items(scope, self._order[1]):
+            if not chain.pending and not chain.inflight:
+                fragment: Fragment | None = chain.fragment  # type: ignore[assignment]
+                if fragment is None or fragment[1] != len(chain.calls):
+                    if not chain.calls:
+                        continue
+                    fragment = chain.fragment = _fragment(execution, chain, snapshot_id, NO_PENDING)
+            else:
                 pending = pending_calls(execution, chain, self._tickets, durable)
-            if not chain.calls and not pending:
-                continue
+                if not chain.calls and not pending:
+                    continue
+                fragment = _fragment(execution, chain, snapshot_id, pending)
             executions.append(execution)
-            for call in chain.calls:
-                put = chain.receipts[call.call_id]
-                lineage.append(call)
-                encoded.append(chain.encoded.get(call.call_id))
-                receipts.add(
-                    execution, put.key, put.digest, put.length, chain.receipt_snapshot(put.key, snapshot_id)
-                )
-            for call_id, (version, cut, continued) in sorted(pending.items()):
-                lineage.append(
-                    ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
-                        rollout_id=execution.rollout_id,
-                        attempt=execution.attempt,
-                        call_id=call_id,
-                        parent_call_id=chain.tip,
-                        policy_version=version,
-                        token_key=cut.receipt_key,
-                        cut=cut,
-                        continued_from=continued,
-                    )
-                )
-                encoded.append(None)
-                receipts.add(
-                    execution,
-                    cut.receipt_key,
-                    cut.receipt_digest,
-                    cut.receipt_length,
-                    chain.receipt_snapshot(cut.receipt_key, snapshot_id),
-                )
-        batches = [lineage_batch(lineage, encoded), receipts.batch(self.token_sink.name)]
-        return Export(records=RecordBatches(batches), executions=executions)
+            taken.append(fragment)
+        sink = self.token_sink.name
+
+        def build() -> list[RecordBatch]:
+            lineage: list[ModelCallLineageRecord] = []
+            encoded: list[bytes | None] = []
+            receipts = ReceiptColumns()
+            for fragment in taken:
+                lineage.extend(fragment[2])
+                encoded.extend(fragment[3])
+                for row in fragment[4]:
+                    receipts.add(*row)
+            return [lineage_batch(lineage, encoded), receipts.batch(sink)]
+
+        return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         chains = chains_from_records(records, delivery=self.delivery, token_source=self.token_source)
@@ -513,3 +512,87 @@ class PolicyModelParticipant(CutRounds):
                         ticket.generation.cancel()
             if self.lineage_store is not None:
                 self.lineage_store.drop(execution)
+
+
+Fragment = tuple[
+    Chain,
+    int,
+    tuple[ModelCallLineageRecord, ...],
+    tuple[bytes | None, ...],
+    tuple[tuple[ExecutionId, str, str, int, str], ...],
+]
+"""What an export takes of one chain: ``(chain, calls at the time, lineage records, their
+payloads (``None``: encoded with the batch), token receipts (execution, key, digest, length,
+snapshot id))``, all immutable."""
+
+
+def _fragment(execution: ExecutionId, chain: Chain, snapshot_id: str, pending: Pending) -> Fragment:
+    lineage: list[ModelCallLineageRecord] = []
+    encoded: list[bytes | None] = []
+    receipts: list[tuple[ExecutionId, str, str, int, str]] = []
+    for call in chain.calls:
+        put = chain.receipts[call.call_id]
+        lineage.append(call)
+        encoded.append(chain.encoded.get(call.call_id))
+        receipts.append(
+            (execution, put.key, put.digest, put.length, chain.receipt_snapshot(put.key, snapshot_id))
+        )
+    for call_id, (version, cut, continued) in sorted(pending.items()):
+        lineage.append(
+            ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
+                rollout_id=execution.rollout_id,
+                attempt=execution.attempt,
+                call_id=call_id,
+                parent_call_id=chain.tip,
+                policy_version=version,
+                token_key=cut.receipt_key,
+                cut=cut,
+                continued_from=continued,
+            )
+        )
+        encoded.append(None)
+        receipts.append(
+            (
+                execution,
+                cut.receipt_key,
+                cut.receipt_digest,
+                cut.receipt_length,
+                chain.receipt_snapshot(cut.receipt_key, snapshot_id),
+            )
+        )
+    return (chain, len(chain.calls), tuple(lineage), tuple(encoded), tuple(receipts))
+
+
+class _Chains(dict[ExecutionId, Chain]):
+    """The participant's chains; ``version`` changes whenever a key is added or removed (or a
+    chain replaced), so the export re-sorts the executions only then."""
+
+    version = 0
+
+    def __setitem__(self, key: ExecutionId, value: Chain) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: ExecutionId) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def pop(self, key: ExecutionId, *default: Any) -> Any:
+        self.version += 1
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[ExecutionId, Chain]:
+        self.version += 1
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    def setdefault(self, key: ExecutionId, default: Any = None) -> Any:
+        self.version += 1
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.version += 1
+        super().update(*args, **kwargs)
