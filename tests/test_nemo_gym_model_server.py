@@ -448,7 +448,7 @@ def test_a_killed_openai_model_is_restored_and_blackjack_ends_as_if_uninterrupte
 
         def with_openai_model(self: GymServers) -> dict[str, Any]:
             config = original(self)
-            (folder, scripted), = config[MODEL_NAME]["responses_api_models"].items()
+            ((folder, scripted),) = config[MODEL_NAME]["responses_api_models"].items()
             keep = ("entrypoint", "call_log", "hold_file", "hold_log")
             config[MODEL_NAME] = {"responses_api_models": {folder: {
                 **{k: scripted[k] for k in keep},

@@ -62,9 +62,7 @@ def _crash_and_restore(dep: GymDeployment, checkpoint_id: str) -> list[tuple[str
     dep.kill("resources")
     dep.restart("resources")
     remote = dep.remote("resources")
-    restored = remote.restore(
-        f"rs-{checkpoint_id}", checkpoint_id, open_store(dep.store), time.time() + 60
-    )
+    restored = remote.restore(f"rs-{checkpoint_id}", checkpoint_id, open_store(dep.store), time.time() + 60)
     remote.resume(f"rs-{checkpoint_id}", time.time() + 60)
     return [(e.rollout_id, e.attempt) for e in restored.restored]
 

@@ -80,9 +80,11 @@ def _is_null(value: Any) -> bool:
 
 
 def _frame(data: bytes, meta: dict[str, Any]) -> Any:
-    import pyarrow.parquet as pq
+    import pyarrow as pa
 
-    frame = pq.read_table(io.BytesIO(data), use_threads=False).to_pandas()
+    from ...archive import open_parquet_file  # reads on this thread only (see archive/_parquet_io)
+
+    frame = open_parquet_file(pa.BufferReader(data)).read(use_threads=False).to_pandas()
     for column in meta["object"]:
         if column not in frame.columns:
             raise ValueError(f"column {column!r} is missing")
