@@ -33,9 +33,11 @@ from conftest import _free_port, _wait_listening
 from rollout_checkpoint import CheckpointError, ParticipantRestartedError
 from rollout_checkpoint.coordinator import Coordinator
 from rollout_checkpoint.coordinator._publication import Publisher
+from rollout_checkpoint.demo import DemoDeployment
 from rollout_checkpoint.errors import AdmissionClosedError, CheckpointNotFoundError, InvalidRecordError
 from rollout_checkpoint.format.commit_log import read_record
 from rollout_checkpoint.format.manifests import GlobalCheckpointRecord, parse_document
+from rollout_checkpoint.participants import ResourcesParticipant
 from rollout_checkpoint.protocol import Phase
 from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
@@ -216,6 +218,35 @@ def test_a_new_coordinator_over_a_checkpoint_without_recorded_incarnations_behav
     dep.resources.restart()  # type: ignore[attr-defined]
     _new_driver(dep).checkpoint("ck-2")  # taken as it answers (recover() is what catches this)
     assert latest_id(dep.store) == "ck-2"
+
+
+def test_a_new_coordinator_publishing_asynchronously_compares_too(tmp_path: Path) -> None:
+    """The reference participants, asynchronous publication: a new driver over survivors
+    publishes; one over a replaced resources participant is refused before the resume."""
+    dep = DemoDeployment(LocalStore(tmp_path / "s"), run_id="async-run")
+    replacement = ResourcesParticipant("resources-0", mode="exported")
+    try:
+        dep.populate(4)
+        dep.checkpoint("ck-1")
+
+        def driver(resources: ResourcesParticipant) -> Coordinator:
+            participants = [dep.agent, dep.model, resources]
+            return Coordinator(dep.store, participants, dep.registry, dep.tokens, run_id="async-run")
+
+        outcome = driver(dep.resources).checkpoint_async("ck-2").result()
+        assert outcome.record.incarnations == dep.coordinator.incarnations
+        with pytest.raises(ParticipantRestartedError) as refused:
+            driver(replacement).checkpoint_async("ck-3")
+        assert refused.value.details == {
+            "checkpoint_id": "ck-3",
+            "participant": "resources/resources-0",
+            "expected": dep.resources.incarnation,
+            "actual": replacement.incarnation,
+        }
+        assert published_ids(dep.store) == ["ck-1", "ck-2"] and latest_id(dep.store) == "ck-2"
+    finally:
+        dep.close()
+        replacement.close()
 
 
 def test_recorded_incarnations_are_validated() -> None:

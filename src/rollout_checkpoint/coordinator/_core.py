@@ -118,7 +118,8 @@ class CoordinatorCore:
     @property
     def incarnations(self) -> dict[str, str]:
         """``kind/instance`` -> the incarnation each participant had in this coordinator's last
-        published checkpoint or restore (a participant not yet in either is absent)."""
+        published checkpoint or restore, or, from its first checkpoint on until then, as the
+        run's latest checkpoint recorded it (a participant in none of these is absent)."""
         return dict(self._incarnations)
 
     def _keep(self, incarnations: Mapping[str, str]) -> None:
