@@ -4,6 +4,7 @@ repeated call that lands on the new process is refused; a participant can start 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,7 +32,12 @@ from _protocol_fakes import (
 from conftest import _free_port, _wait_listening
 from rollout_checkpoint import CheckpointError, ParticipantRestartedError
 from rollout_checkpoint.coordinator import Coordinator
-from rollout_checkpoint.errors import AdmissionClosedError, CheckpointNotFoundError
+from rollout_checkpoint.coordinator._publication import Publisher
+from rollout_checkpoint.demo import DemoDeployment
+from rollout_checkpoint.errors import AdmissionClosedError, CheckpointNotFoundError, InvalidRecordError
+from rollout_checkpoint.format.commit_log import read_record
+from rollout_checkpoint.format.manifests import GlobalCheckpointRecord, parse_document
+from rollout_checkpoint.participants import ResourcesParticipant
 from rollout_checkpoint.protocol import Phase
 from rollout_checkpoint.reader import load_checkpoint
 from rollout_checkpoint.registry import LiveExecutionRegistry
@@ -131,6 +137,138 @@ def test_a_silent_restart_between_checkpoints_publishes_nothing_and_recover_cont
     assert plan.rollouts["cont"].disposition == "continue" and plan.rollouts["cont"].execution == ex(
         "cont", 1
     )
+
+
+def _new_driver(dep: Deployment) -> Coordinator:
+    """A restarted driver: a new coordinator object of the same run over the same handles (it
+    has kept nothing: no publish, no restore yet)."""
+    coordinator = Coordinator(
+        dep.store, dep.participants, dep.registry, dep.coordinator.token_source, run_id="test-run"
+    )
+    assert coordinator.incarnations == {}
+    return coordinator
+
+
+def test_a_new_coordinator_over_a_silently_restarted_participant_publishes_nothing(
+    dep: Deployment,
+) -> None:
+    """The driver restarts too and checkpoints without ``recover()``: the incarnations the run's
+    latest checkpoint recorded are compared, so the empty replacement is still refused."""
+    populate(dep, dep.coordinator.token_source)
+    dep.coordinator.checkpoint("ck-1")
+    old = dep.resources.incarnation
+    recorded, _ = read_record(dep.store, "ck-1")
+    assert recorded.incarnations == {
+        "agent/agent-0": dep.agent.incarnation,
+        "model/policy-0": dep.model.incarnation,
+        "resources/res-0": old,
+    }
+    new = dep.resources.restart().incarnation  # type: ignore[attr-defined]
+    driver = _new_driver(dep)
+    with pytest.raises(ParticipantRestartedError) as refused:
+        driver.checkpoint("ck-2")
+    error = refused.value
+    assert error.details["participant"] == "resources/res-0"
+    assert (error.details["expected"], error.details["actual"]) == (old, new)
+    assert "since checkpoint ck-1" in error.message and old in error.message and new in error.message
+    assert published_ids(dep.store) == ["ck-1"] and latest_id(dep.store) == "ck-1"
+    assert dep.agent.is_open() and dep.model.is_open()
+    # recover() re-bases the kept incarnations on the restore, and the run goes on
+    outcome = driver.recover()
+    assert outcome.source_checkpoint_id == "ck-1" and outcome.plan.counts()["continue"] == 1
+    assert driver.incarnations["resources/res-0"] == new
+    driver.checkpoint("ck-3")
+    assert load_checkpoint(dep.store, "ck-3").rollouts["cont"].execution == ex("cont", 1)
+    assert read_record(dep.store, "ck-3")[0].incarnations["resources/res-0"] == new  # type: ignore[index]
+
+
+def test_a_new_coordinator_over_surviving_participants_publishes(dep: Deployment) -> None:
+    populate(dep, dep.coordinator.token_source)
+    dep.coordinator.checkpoint("ck-1")
+    driver = _new_driver(dep)
+    outcome = driver.checkpoint("ck-2")
+    assert latest_id(dep.store) == "ck-2" and outcome.record.incarnations == dep.coordinator.incarnations
+    assert load_checkpoint(dep.store, "ck-2").rollouts["cont"].disposition == "continue"
+    # a checkpoint of another run says nothing about this run's participants
+    other = Coordinator(
+        dep.store,
+        dep.participants,
+        dep.registry,
+        dep.coordinator.token_source,
+        run_id="other-run",
+        takeover=True,
+    )
+    dep.resources.restart()  # type: ignore[attr-defined]
+    other.checkpoint("ck-other")
+    assert latest_id(dep.store) == "ck-other"
+
+
+def test_a_new_coordinator_over_a_checkpoint_without_recorded_incarnations_behaves_as_before(
+    dep: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record written before incarnations were recorded has no ``incarnations`` key (its
+    bytes are those an older publisher wrote): nothing to compare with, as before."""
+    populate(dep, dep.coordinator.token_source)
+    publish = Publisher._publish
+    with monkeypatch.context() as patched:
+        patched.setattr(Publisher, "_publish", lambda self, *args: publish(self, *args[:-1], {}))
+        dep.coordinator.checkpoint("ck-old")
+    assert b"incarnations" not in dep.store.get("published/ck-old.json")
+    assert read_record(dep.store, "ck-old")[0].incarnations is None
+    dep.resources.restart()  # type: ignore[attr-defined]
+    _new_driver(dep).checkpoint("ck-2")  # taken as it answers (recover() is what catches this)
+    assert latest_id(dep.store) == "ck-2"
+
+
+def test_a_new_coordinator_publishing_asynchronously_compares_too(tmp_path: Path) -> None:
+    """The reference participants, asynchronous publication: a new driver over survivors
+    publishes; one over a replaced resources participant is refused before the resume."""
+    dep = DemoDeployment(LocalStore(tmp_path / "s"), run_id="async-run")
+    replacement = ResourcesParticipant("resources-0", mode="exported")
+    try:
+        dep.populate(4)
+        dep.checkpoint("ck-1")
+
+        def driver(resources: ResourcesParticipant) -> Coordinator:
+            participants = [dep.agent, dep.model, resources]
+            return Coordinator(dep.store, participants, dep.registry, dep.tokens, run_id="async-run")
+
+        outcome = driver(dep.resources).checkpoint_async("ck-2").result()
+        assert outcome.record.incarnations == dep.coordinator.incarnations
+        with pytest.raises(ParticipantRestartedError) as refused:
+            driver(replacement).checkpoint_async("ck-3")
+        assert refused.value.details == {
+            "checkpoint_id": "ck-3",
+            "participant": "resources/resources-0",
+            "expected": dep.resources.incarnation,
+            "actual": replacement.incarnation,
+        }
+        assert published_ids(dep.store) == ["ck-1", "ck-2"] and latest_id(dep.store) == "ck-2"
+    finally:
+        dep.close()
+        replacement.close()
+
+
+def test_recorded_incarnations_are_validated() -> None:
+    def record(incarnations: object) -> bytes:
+        body = {
+            "type": "global_checkpoint",
+            "checkpoint_id": "ck-1",
+            "sequence": 1,
+            "created_at": "2026-12-04T00:00:00Z",
+            "commit_token": "t",
+            "coordinator_id": "c",
+            "aggregate": {"key": "checkpoints/ck-1/aggregate.json", "sha256": "0" * 64, "bytes": 1},
+            "components": [],
+            "incarnations": incarnations,
+        }
+        return json.dumps(body).encode()
+
+    parsed = parse_document(GlobalCheckpointRecord, record({"agent/a-0": "a" * 32}), "k")
+    assert parsed.incarnations == {"agent/a-0": "a" * 32}
+    for bad in ({"agent": "a" * 32}, {"agent/../x": "a" * 32}, {"agent/a-0": "A" * 32}, {"agent/a-0": "a"}):
+        with pytest.raises(InvalidRecordError):
+            parse_document(GlobalCheckpointRecord, record(bad), "k")
 
 
 def test_a_restart_within_a_cycle_answered_by_a_retried_prepare_is_refused(dep: Deployment) -> None:

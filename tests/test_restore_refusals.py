@@ -77,6 +77,7 @@ class Rig:
             self.world.tokens,
             fault_hook=fault_hook,
             run_id="test-run",
+            takeover=True,  # the source checkpoint is another run's (its participants are gone)
         )
 
     def fingerprint(self) -> object:
@@ -116,6 +117,11 @@ def source(tmp_path: Path) -> tuple[LocalStore, str]:
     """A published checkpoint with a rollout to continue (``r#0``) and one never started."""
     store = LocalStore(tmp_path / "store")
     world = RealWorld(store)
+    # an earlier run: the rig's participants are new, so they are not this run's (a checkpoint
+    # of the same run would refuse them as restarted until a restore)
+    world.coordinator = Coordinator(
+        store, world.participants, world.registry, world.tokens, run_id="source-run"
+    )
     run = world.start("r")
     world.turn(run, "c1", 1)
     world.registry.dispatch("q", input_digest="q")

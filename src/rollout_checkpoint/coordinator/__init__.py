@@ -21,7 +21,10 @@ kill the process at each step.
 Every reply carries the participant's incarnation; the coordinator keeps each one from its last
 published checkpoint or restore, and a checkpoint that meets another (a participant restarted
 without a restore, or within the cycle) aborts with ``participant_restarted``, nothing
-published. :meth:`Coordinator.recover` is the answer to a restart.
+published. Every published record names its cycle's incarnations, and a new coordinator
+compares its first checkpoint with those of its run's latest (a restarted driver over a
+participant restarted meanwhile is refused too). :meth:`Coordinator.recover` is the answer to a
+restart.
 
 Modules: ``_types`` (errors, outcomes, handle), ``_core`` (shared helpers, incarnations),
 ``_publication`` (validation and the commit point), ``_cycle`` (sync and async cycles),

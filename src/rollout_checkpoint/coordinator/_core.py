@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 from opentelemetry.trace import SpanKind
 
-from ..errors import DeadlineExceededError, InvalidArgumentError, ParticipantRestartedError
-from ..format.commit_log import iter_candidates
+from ..errors import CheckpointError, DeadlineExceededError, InvalidArgumentError, ParticipantRestartedError
+from ..format.commit_log import iter_candidates, read_record
+from ..format.manifests import GlobalCheckpointRecord
 from ..format.ownership import OwnerEpoch, check_epoch, take_epoch
 from ..ids import validate_id
 from ..protocol import PREPARE_ORDER, ParticipantControl
@@ -108,13 +109,60 @@ class CoordinatorCore:
         self._refused: dict[str, tuple[str, list[str]]] = {}  # restore id -> (source, lacking)
         # kind/instance -> the incarnation of its last published checkpoint or restore
         self._incarnations: dict[str, str] = {}
+        # kind/instance -> the checkpoint (of an earlier coordinator of this run) whose record
+        # the kept incarnation was seeded from; gone once this coordinator keeps its own
+        self._recorded_in: dict[str, str] = {}
+        self._seeded = False  # kept incarnations seeded, or set by a publish or restore
 
     # -- incarnations (``docs/protocol.md``, "Incarnations") --------------------------------------
     @property
     def incarnations(self) -> dict[str, str]:
         """``kind/instance`` -> the incarnation each participant had in this coordinator's last
-        published checkpoint or restore (a participant not yet in either is absent)."""
+        published checkpoint or restore, or, from its first checkpoint on until then, as the
+        run's latest checkpoint recorded it (a participant in none of these is absent)."""
         return dict(self._incarnations)
+
+    def _keep(self, incarnations: Mapping[str, str]) -> None:
+        """Keep these (a published cycle's or a successful restore's)."""
+        self._incarnations.update(incarnations)
+        for name in incarnations:
+            self._recorded_in.pop(name, None)
+        self._seeded = True
+
+    def _latest_record_of_run(self) -> GlobalCheckpointRecord | None:
+        """The record of the newest checkpoint this run (``run_id``) published, or ``None``; a
+        damaged record is passed over (a restore of it would be refused)."""
+        for candidate in iter_candidates(self.store):
+            try:
+                record, _ = read_record(self.store, candidate.checkpoint_id)
+            except CheckpointError:
+                continue
+            if record.run_id == self.run_id:
+                return record
+        return None
+
+    def _seed_incarnations(self) -> None:
+        """Before this coordinator's first checkpoint (no publish or restore yet): keep the
+        incarnations this run's latest checkpoint recorded, so a participant restarted before
+        this coordinator started (a new driver over a silently restarted one) is refused as if
+        this coordinator had published that checkpoint. A run with no checkpoint, or whose
+        latest predates recorded incarnations, keeps none (every participant taken as it
+        answers)."""
+        if self._seeded:
+            return
+        record = self._latest_record_of_run()
+        if record is not None and record.incarnations:
+            mine = {n: i for n, i in record.incarnations.items() if n in self._names}
+            self._incarnations.update(mine)
+            self._recorded_in.update(dict.fromkeys(mine, record.checkpoint_id))
+            log.info(
+                "coordinator %s: incarnations of %d participants kept from checkpoint %s",
+                self.coordinator_id,
+                len(mine),
+                record.checkpoint_id,
+                extra=log_fields(checkpoint_id=record.checkpoint_id),
+            )
+        self._seeded = True
 
     def _check_incarnations(self, cid: str, seen: dict[str, str], replies: Sequence[tuple[str, Any]]) -> None:
         """Refuse (``participant_restarted``) a reply from another incarnation than this cycle's
@@ -128,7 +176,12 @@ class CoordinatorCore:
                 before = self._incarnations.get(name)
                 if before is None or before == now:
                     continue
-                when = "since its last published checkpoint or restore"
+                source = self._recorded_in.get(name)
+                when = (
+                    "since its last published checkpoint or restore"
+                    if source is None
+                    else f"since checkpoint {source}, this run's latest (its incarnation recorded there)"
+                )
             elif before == now:
                 continue
             else:

@@ -81,6 +81,7 @@ class CheckpointCycle(Publisher):
         with self._cycle:
             self._cancel.clear()
             self._own()
+            self._seed_incarnations()
             return self._run_sync(cid, deadline_s, framework_state)
 
     def checkpoint_async(
@@ -105,6 +106,7 @@ class CheckpointCycle(Publisher):
         try:
             self._cancel.clear()
             self._own()
+            self._seed_incarnations()
             handle = self._run_async(cid, deadline_s, framework_state)
         except BaseException:
             self._cycle.release()
@@ -210,9 +212,9 @@ class CheckpointCycle(Publisher):
                     with steps.step("commit"):
                         committed = self._commit_all(cid, deadline, ordered, hooked, live, "sync", seen)
                     record, ref = self._complete(
-                        cid, deadline, hooked, committed, self.registry, framework_state, steps
+                        cid, deadline, hooked, committed, self.registry, framework_state, steps, seen
                     )
-                    self._incarnations.update(seen)  # published: these are the kept ones now
+                    self._keep(seen)  # published: these are the kept ones now
                 except BaseException as exc:
                     self._abort(cid, touched, deadline)
                     if isinstance(exc, ObjectExistsError):
@@ -351,8 +353,10 @@ class CheckpointCycle(Publisher):
                 )
             self._check_incarnations(cid, seen, collected)
             committed = [(name, p, reply) for (name, p, _), (_, reply) in zip(frozen, collected, strict=True)]
-            record, ref = self._complete(cid, deadline, hooked, committed, snapshot, framework_state, steps)
-            self._incarnations.update(seen)
+            record, ref = self._complete(
+                cid, deadline, hooked, committed, snapshot, framework_state, steps, seen
+            )
+            self._keep(seen)
         except BaseException as exc:
             log.warning(
                 "checkpoint %s: background publication failed, nothing published: %s",

@@ -97,7 +97,10 @@ class Publisher(CoordinatorCore):
         registry: LiveExecutionRegistry,
         framework_state: JsonValue,
         steps: Steps,
+        incarnations: dict[str, str],
     ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
+        """Steps 3 to 7; ``incarnations`` (the cycle's, ``kind/instance`` -> id) go into the
+        record, so a later coordinator of this run compares with them."""
         # 3. validate every component manifest (digest named by the reply) and its bytes; the
         # components concurrently (a remote store answers slowly), the first failure in prepare
         # order raised, each error naming its component
@@ -162,7 +165,15 @@ class Publisher(CoordinatorCore):
                 self._check_deadline(cid, deadline, "publish")
                 self._step("publish")
                 record, ref = self._publish(
-                    cid, token, created_at, aggregate_ref, components, receipt, framework_state, registry
+                    cid,
+                    token,
+                    created_at,
+                    aggregate_ref,
+                    components,
+                    receipt,
+                    framework_state,
+                    registry,
+                    incarnations,
                 )
                 self._last_sequence = record.sequence
                 published.set(Attr.SEQUENCE, record.sequence)
@@ -178,6 +189,7 @@ class Publisher(CoordinatorCore):
         receipt: dict[str, JsonValue] | None,
         framework_state: JsonValue,
         registry: LiveExecutionRegistry,
+        incarnations: dict[str, str],
     ) -> tuple[GlobalCheckpointRecord, ObjectRef]:
         """Claim the next sequence (derived from the published log, never from ``latest.json``)
         and create the record; a sequence another publisher won is retried one later."""
@@ -199,6 +211,7 @@ class Publisher(CoordinatorCore):
                 counts=registry.counts(),
                 run_id=owner.run_id,
                 epoch=owner.epoch,
+                incarnations=dict(sorted(incarnations.items())) or None,
             ).sealed()
             try:
                 # the last ownership check runs between the claim and the record

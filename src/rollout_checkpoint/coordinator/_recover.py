@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import partial
 
-from ..errors import CheckpointError, CheckpointNotFoundError
-from ..format.commit_log import iter_candidates, read_record
+from ..errors import CheckpointNotFoundError
 from ..format.manifests import new_checkpoint_id
 from ..ids import ExecutionId
 from ..protocol import ParticipantControl, ParticipantStatus, Phase
@@ -91,14 +90,8 @@ class RecoverOperations(RestoreOperations):
     def latest_of_run(self) -> str | None:
         """The newest checkpoint published by this coordinator's run (``run_id``), or ``None``
         (another run sharing the store never counts)."""
-        for candidate in iter_candidates(self.store):
-            try:
-                record, _ = read_record(self.store, candidate.checkpoint_id)
-            except CheckpointError:
-                continue  # damaged: a restore of it would be refused; an older one may serve
-            if record.run_id == self.run_id:
-                return candidate.checkpoint_id
-        return None
+        record = self._latest_record_of_run()
+        return None if record is None else record.checkpoint_id
 
     def _close_open(self, deadline: float) -> None:
         """End every checkpoint or restore a participant holds open (the crash interrupted it)."""

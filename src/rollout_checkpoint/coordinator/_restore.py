@@ -131,7 +131,7 @@ class RestoreOperations(CheckpointCycle):
                     ) from exc
                 raise
             # the restored state lives in these incarnations: the next checkpoint compares with them
-            self._incarnations.update(incarnations)
+            self._keep(incarnations)
             for disposition, count in plan.counts().items():
                 instruments().rollouts.add(count, {Attr.ROLLOUT_DISPOSITION: disposition})
             return RestoreOutcome(rid, plan.checkpoint_id, plan, restored)

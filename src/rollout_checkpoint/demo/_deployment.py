@@ -3,6 +3,7 @@ boundary, created directly (no workload runs), so one cycle can be timed at scal
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,7 +24,7 @@ class DemoDeployment:
     a reference token store and a coordinator, all on one store."""
 
     def __init__(
-        self, store: str | ObjectStore, *, accept_unsafe_store: bool = False, run_id: str = "demo-deployment"
+        self, store: str | ObjectStore, *, accept_unsafe_store: bool = False, run_id: str | None = None
     ) -> None:
         self.store = open_store(store)
         self.tokens = ObjectStoreTokenStore(self.store)
@@ -41,7 +42,9 @@ class DemoDeployment:
             self.registry,
             self.tokens,
             accept_unsafe_store=accept_unsafe_store,
-            run_id=run_id,
+            # each deployment is a new run unless told otherwise (its participants are new: the
+            # incarnations an earlier run's checkpoint recorded are not theirs to answer with)
+            run_id=run_id or f"demo-deployment-{uuid.uuid4().hex[:12]}",
             takeover=True,
         )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import json
+import re
 import time
 import uuid
 from datetime import UTC, datetime
@@ -82,6 +83,10 @@ def new_checkpoint_id(prefix: str = "ckpt", now: float | None = None) -> str:
     """``<prefix>-%Y%m%dT%H%M%S-<8hex>`` in UTC: sortable by time and unique with high probability."""
     stamp = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC).strftime("%Y%m%dT%H%M%S")
     return validate_id(f"{prefix}-{stamp}-{uuid.uuid4().hex[:8]}", "checkpoint_id")
+
+
+_INCARNATION = re.compile(r"[0-9a-f]{32}")
+"""``protocol.INCARNATION_PATTERN`` (the format layer sits below the protocol's)."""
 
 
 def _utc(value: datetime) -> datetime:
@@ -198,12 +203,15 @@ class GlobalCheckpointRecord(_Model):
     """The run whose coordinator published this (``format.ownership``); absent before fencing."""
     epoch: int | None = Field(default=None, ge=1)
     """That coordinator's owner epoch; absent in records written before fencing existed."""
+    incarnations: dict[str, str] | None = None
+    """``kind/instance`` -> the incarnation each participant answered this checkpoint's cycle
+    with (``docs/protocol.md``, "Incarnations"); absent in records written before it existed."""
     record_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     def _absent(self) -> set[str]:
         """Fields left out of the bytes when unset, so a record written before they existed
         keeps its exact bytes and digest."""
-        return {name for name in ("run_id", "epoch") if getattr(self, name) is None}
+        return {name for name in ("run_id", "epoch", "incarnations") if getattr(self, name) is None}
 
     def computed_digest(self) -> str:
         """sha256 of the canonical JSON of every field except ``record_digest``."""
@@ -217,6 +225,18 @@ class GlobalCheckpointRecord(_Model):
     def to_bytes(self) -> bytes:
         exclude = {"record_digest"} if self.record_digest is None else set()
         return canonical_json(self.model_dump(mode="json", exclude=exclude | self._absent()))
+
+    @model_validator(mode="after")
+    def _valid_incarnations(self) -> GlobalCheckpointRecord:
+        for name, incarnation in (self.incarnations or {}).items():
+            kind, slash, instance = name.partition("/")
+            if not slash:
+                raise ValueError(f"incarnations: {name!r} is not kind/instance")
+            validate_id(kind, "kind")
+            validate_id(instance, "instance")
+            if _INCARNATION.fullmatch(incarnation) is None:
+                raise ValueError(f"incarnations: {name}: {incarnation!r} is not 32 lowercase hex digits")
+        return self
 
     @model_validator(mode="after")
     def _keys_under_own_prefix(self) -> GlobalCheckpointRecord:
