@@ -24,6 +24,7 @@ servers, compared by tool calls, tool outputs, answers and reward). With ``--jso
 is one object (the keys of ``nemo_gym_blackjack.py`` plus ``exit_75_seen``). Exit 0 only for a
 correct run. Needs NeMo Gym and Ray beside the SDK (see docs/nemo-gym.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,21 @@ ENVS: dict[str, dict[str, Any]] = {
         "overrides": [],
         "tool_turns": 3,  # the backend's tool-calling model turns before its answer
     },
+    "example_session_state_mgmt": {  # its /verify leaves the session open
+        "configs": ["resources_servers/checkpointed/configs/example_session_state_mgmt.yaml",
+                    "responses_api_models/checkpointed/configs/openai_model.yaml"],
+        "resources": "counter_checkpointed",
+        "overrides": [],
+        "tool_turns": 3,
+    },
 }  # fmt: skip
+_INT = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"],
+        "additionalProperties": False}  # fmt: skip
+_COUNTER_TOOLS = [
+    {"type": "function", "name": "increment_counter", "strict": True, "parameters": _INT},
+    {"type": "function", "name": "get_counter_value", "strict": True,
+     "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False}},
+]  # fmt: skip
 
 
 def _wait(what: str, done: Any, timeout_s: float) -> None:
@@ -77,10 +92,14 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _task_row(env: str, seed: int) -> dict[str, Any]:
-    """A task row: blackjack's deal is seeded; workplace_assistant takes the task rows Gym ships
-    with it (row ``seed`` modulo their number)."""
+    """A task row: blackjack's deal is seeded; the counter starts at the seed; workplace_assistant
+    takes the task rows Gym ships with it (row ``seed`` modulo their number)."""
     if env == "blackjack":
         return {"responses_create_params": {"input": "You are playing blackjack."}, "seed": seed}
+    if env == "example_session_state_mgmt":
+        text = f"Start at {seed}, add twice, then read the counter."
+        params = {"input": [{"role": "user", "content": text}], "tools": _COUNTER_TOOLS}
+        return {"responses_create_params": params, "initial_count": seed, "expected_count": seed + 3}
     import importlib
 
     module = importlib.import_module(f"resources_servers.{env}.app")
@@ -121,6 +140,8 @@ class Run:
         self.rows = {r: {**_task_row(args.env, s), "_ng_rollout_id": r} for r, s in self.seeds.items()}
         self.inp.write_text("".join(json.dumps(row) + "\n" for row in self.rows.values()))
         self.backend_url = ""
+        # the uninterrupted collection runs first, as another run on the store
+        self.takeover = ["+rollout_checkpoint.takeover=true"] if "tool_turns" in self.spec else []
         self.env = {
             k: v for k, v in os.environ.items() if not k.startswith(("ROLLOUT_CHECKPOINT_", "NEMO_GYM_"))
         }
@@ -168,7 +189,8 @@ class Run:
 
     def reference_collection(self, failures: list[str]) -> dict[str, Any]:
         """The uninterrupted collection: the same rows (rollout ids ``ref-<id>``) through the same
-        servers into another output (another run on the store: ``takeover``)."""
+        servers into another output (another run on the store: the checkpointed run then takes
+        it over, and restores over the finished sessions it leaves at the tool server)."""
         inp, out = self.wd / "ref-in.jsonl", self.wd / "reference" / "rollouts.jsonl"
         inp.write_text("".join(json.dumps({**row, "_ng_rollout_id": f"ref-{r}"}) + "\n"
                                for r, row in self.rows.items()))  # fmt: skip
@@ -209,8 +231,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ).base_url
         try:
             r.start_servers()
+            if "tool_turns" in r.spec:  # first, so the run below restores over its finished sessions
+                reference = r.reference_collection(failures)
             r.gate.touch()
-            proc, log = r.collect("collect")
+            proc, log = r.collect("collect", None, None, *r.takeover)
             _wait("every game mid-episode or written", r.mid_episode, 180)
             proc.send_signal(signal.SIGUSR1)
             _wait("the SIGUSR1 checkpoint", lambda: "(sigusr1;" in log.read_text(errors="replace"), 120)
@@ -230,14 +254,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if kill is None and code != 0:
                 failures.append(f"the collection exited {code}: {log.read_text()[-1500:]}")
             if killed:
-                rerun, relog = r.collect("rerun")
-                _wait("the re-run restores", lambda: "restored" in relog.read_text(errors="replace"), 300)
+                rerun, relog = r.collect("rerun", None, None, *r.takeover)
+                _wait(
+                    "the re-run restores",
+                    lambda: "restored" in relog.read_text(errors="replace") or rerun.poll() is not None,
+                    300,
+                )
                 r.gate.unlink(missing_ok=True)
                 if rerun.wait(300) != 0:
                     failures.append(f"the re-run exited {rerun.returncode}: {relog.read_text()[-1500:]}")
                 restored_line = next((ln for ln in relog.read_text().splitlines() if "restored" in ln), "")
-            if "tool_turns" in r.spec:
-                reference = r.reference_collection(failures)
         finally:
             r.gate.unlink(missing_ok=True)
             r.stop()

@@ -1,8 +1,8 @@
 """``examples/nemo_gym_eval_run.py``: the SDK launcher on the shipped configs (Gym's head server,
 its relay, a local Ray cluster), Gym's collection through ``rollout-checkpoint gym collect``, the
 model server SIGKILLed mid-episode (the launcher restarts it paused, the collector exits 75), the
-same command again, and every row as in an uninterrupted play; and ``--env workplace_assistant``
-(Gym's simple agent) preempted, against an uninterrupted collection."""
+same command again, and every row as in an uninterrupted play; and a Gym ``simple_agent``
+environment preempted, against an uninterrupted collection."""
 
 from __future__ import annotations
 
@@ -50,12 +50,14 @@ def test_a_killed_model_server_under_gyms_collection_ends_as_uninterrupted() -> 
 
 
 def test_gyms_simple_agent_preempted_under_gyms_collection_ends_as_the_uninterrupted_collection() -> None:
-    """``--env workplace_assistant``: the checkpointed simple agent, Gym's ``openai_model`` over the
-    deterministic backend and the tool server; the collector SIGTERMed mid-episode (exit 75), the
-    same command again, and every row as in an uninterrupted collection of the same rows."""
+    """A ``simple_agent`` env (the counter: its ``/verify`` leaves the tool session open): the
+    checkpointed simple agent, Gym's ``openai_model`` over the deterministic backend and the tool
+    server; an uninterrupted collection first, then the collection SIGTERMed mid-episode (exit 75)
+    and the same command again, which restores only because the first collection retired its
+    handed-off rows at the servers; every row as in the uninterrupted collection."""
     out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "nemo_gym_eval_run.py"), "--env", "workplace_assistant",
-         "--kill", "sigterm", "--rollouts", "2", "--json"],
+        [sys.executable, str(REPO / "examples" / "nemo_gym_eval_run.py"), "--env",
+         "example_session_state_mgmt", "--kill", "sigterm", "--rollouts", "2", "--json"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     summary = json.loads(out.stdout.strip().splitlines()[-1])
