@@ -10,6 +10,9 @@ result is handed off.
   completes in the registry every row already in the output, retires everywhere the attempts a
   crashed collector may have left running (rows sent after the last checkpoint), and leaves each
   other row at the attempt it will be sent as.
+* Every handed-off attempt is retired at the servers before the next checkpoint
+  (:meth:`CollectionLedger.take_handed_off`): a finished simple-agent rollout's tool session
+  stays live otherwise, and a restore refuses a participant that holds live attempts.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class CollectionLedger:
         self.tail = OutputTail(output)
         self._lock = threading.Lock()
         self.handed_off = 0
+        self._to_retire: list[ExecutionId] = []
 
     # -- stamping and sending -------------------------------------------------------------------
     def attempt_for(self, rollout_id: str) -> int:
@@ -183,7 +187,22 @@ class CollectionLedger:
             if info.state in ("queued", "running"):
                 self.registry.finish(execution)
             self.registry.hand_off(execution, {"reward": _reward(row)}, reward=_reward(row))
+            self._to_retire.append(execution)
             return True
+
+    def take_handed_off(self) -> list[ExecutionId]:
+        """The attempts handed off since the last call: their results are in the output, yet a
+        stateful tool server may still hold their sessions (Gym's ``/run`` never closes one) and a
+        model their lineage, and a restore refuses a participant with live attempts. The caller
+        retires them everywhere (:meth:`give_back` what it could not)."""
+        with self._lock:
+            taken, self._to_retire = self._to_retire, []
+        return taken
+
+    def give_back(self, executions: Iterable[ExecutionId]) -> None:
+        """Attempts :meth:`take_handed_off` gave that were not retired: the next call gives them again."""
+        with self._lock:
+            self._to_retire[:0] = list(executions)
 
     # -- after a restore ------------------------------------------------------------------------
     def reconcile(
@@ -214,6 +233,8 @@ class CollectionLedger:
             self.registry.start(execution)
             self.registry.finish(execution)
             self.registry.hand_off(execution, {"reward": _reward(row)}, reward=_reward(row))
+            with self._lock:
+                self._to_retire.append(execution)
             counts["completed_in_output"] += 1
         # a row the last checkpoint does not list may have been sent after it: its attempt may be
         # running at the servers. Fence it everywhere; the row is sent as the next attempt.

@@ -10,7 +10,8 @@ unchanged) whose collector also acts as the checkpoint controller:
 * a coordinator over the Gym servers checkpoints every ``checkpoint_every_s``, on ``SIGUSR1``
   (and goes on) and on ``SIGTERM`` (then exits 75, for Slurm's ``--signal=B:TERM@120``); while a
   checkpoint runs, no result is written, so a row in the output is ``completed`` in every later
-  checkpoint;
+  checkpoint; before each checkpoint the rows handed off since the last one are retired at the
+  servers (Gym's ``/run`` leaves a stateful tool server's session open);
 * a re-run with the same arguments and store finds this run's last published checkpoint
   (the run id is derived from the output path), restores it into the servers, completes in the
   registry what the output already holds, retires what may still run from the crashed run,
@@ -338,10 +339,16 @@ class CollectionController:
         if not self._close_writes(self.deadline_s):
             _say(f"checkpoint ({reason}) skipped: a result was still being written")
             return None
+        done: list[ExecutionId] = []
         try:
             self.ledger.hand_off_written()
+            done = self.ledger.take_handed_off()
+            if done:  # their sessions and lineage leave the servers (a restore refuses live ones)
+                self.coordinator.retire(done, deadline_s=self.deadline_s)
+                done = []
             outcome = self.coordinator.checkpoint(deadline_s=self.deadline_s)
         except CheckpointError as exc:
+            self.ledger.give_back(done)
             _say(f"checkpoint ({reason}) failed, nothing published: {exc.code}: {exc.message}")
             return None
         finally:
