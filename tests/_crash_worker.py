@@ -26,7 +26,8 @@ from rollout_checkpoint.store import LocalStore
 
 def _deployment(root: str) -> Deployment:
     store = LocalStore(root, fsync=False)
-    return Deployment(store, token_source=FakeTokens(store))
+    # each mode runs in a fresh process over the same run: the same participants, rebuilt
+    return Deployment(store, token_source=FakeTokens(store), stable_incarnations=True)
 
 
 def _pattern(step: str) -> str:

@@ -142,12 +142,21 @@ class Deployment:
         fault_hook: Callable[[str], None] | None = None,
         token_snapshot_loader: Any = None,
         lease_grace_seconds: float = 600.0,
+        stable_incarnations: bool = False,
     ) -> None:
         self.store = store
         self.agent = ScriptedParticipant("agent", "agent-0", lease_grace_seconds=lease_grace_seconds)
         self.model = ScriptedParticipant("model", "policy-0", lease_grace_seconds=lease_grace_seconds)
         self.resources = ScriptedParticipant("resources", "res-0", lease_grace_seconds=lease_grace_seconds)
         self.participants = [self.agent, self.model, self.resources]
+        if stable_incarnations:
+            # a test process that rebuilds the same participants' state deterministically (the
+            # crash workers' populate()) stands for the same participants, not replacements: the
+            # incarnation a real participant draws at build is fixed here, or a coordinator would
+            # rightly refuse to publish over "restarted" participants without a restore
+            for participant in self.participants:
+                name = f"{participant.kind}/{participant.instance}"
+                participant._incarnation = hashlib.sha256(name.encode()).hexdigest()[:32]
         self.registry = LiveExecutionRegistry()
         self.coordinator = Coordinator(
             store,
