@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
-from ._binary import binary_payload_dict, is_binary_payload
+from ._binary import BINARY_FIELDS, binary_payload_dict, is_binary_payload
 from ._errors import MemberNotFoundError
 from ._index import MemberIndex, MemberRef, compute, int64_array, scalar
 from ._manifest import ComponentManifest, ManifestRef, ShardEntry, parse_component_manifest
@@ -323,16 +323,20 @@ class RawArchiveReader(ReferringArchive):
         payload (docs/format.md, "Binary payloads") gives the dict of its JSON form (its raw
         field as URL-safe base64, as JSON payloads carry ``bytes``)."""
         loads = orjson.loads
+        maybe_binary = kind is None or kind in BINARY_FIELDS
         for table, key in self._row_groups(kind, ["kind", "payload"]):
             payloads = table.column("payload").to_pylist()
-            try:
-                dicts = list(map(loads, payloads))
-            except orjson.JSONDecodeError:
-                # a binary payload (docs/format.md, "Binary payloads") or a damaged one: this
-                # row group again, one payload at a time (the fast path above stays one map)
+            if maybe_binary and any(map(is_binary_payload, payloads)):
+                # binary payloads (docs/format.md, "Binary payloads"): one at a time
                 kinds = table.column("kind").to_pylist()
-                dicts = [_payload_dict(k, p, key) for k, p in zip(kinds, payloads, strict=True)]
-            yield from dicts
+                yield from (_payload_dict(k, p, key) for k, p in zip(kinds, payloads, strict=True))
+                continue
+            try:  # the fast path: one map, each dict handed on as it is parsed
+                yield from map(loads, payloads)
+            except orjson.JSONDecodeError as exc:
+                raise IntegrityError(
+                    f"{key}: a payload is not JSON: {exc}", key=key, problem="invalid"
+                ) from None
         refs = self.references(kind)
         if refs:
             for raw in self._resolver().read(refs):
