@@ -32,7 +32,6 @@ class _Session:
     encoded: bytes | Exception | None  # the member payload of ``state`` (exported mode), or an error
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
-    row: tuple[bytes, int] | None = None  # (payload, revision) as the last export took them
 
 
 _FIRST_POLL_S = 0.002

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal, cast
 
 from ..errors import IdentityConflictError, InvalidPhaseError, InvalidRecordError, UnknownExecutionError
@@ -22,11 +21,11 @@ from ..protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
     DeferredBatches,
     Export,
+    ExportRows,
     Participant,
     Readiness,
     WorkerTopology,
     execution_key,
-    in_scope_items,
     restamp,
     scope_test,
     wrong_kind,
@@ -56,9 +55,6 @@ class _AgentRun:
     sealed: tuple[SavedBoundary, tuple[Chunk, ...], tuple[Chunk, ...]] | None = None
     """Format 2: ``(saved, chunks, seal_chunks(saved, chunks))`` computed when ``saved`` was
     reported, so that a commit of an unchanged run seals nothing inside the pause."""
-    row: _Row | None = None
-    """What the last export took of this run (``None``: not exported); rebuilt only when the
-    run changed since (``AgentParticipant._dirty``)."""
 
     @property
     def boundary(self) -> AgentBoundaryRecord | None:
@@ -109,11 +105,10 @@ class AgentParticipant(Participant):
         self._pending: set[ExecutionId] = set()
         self._restart_only: set[ExecutionId] = set()  # live runs that can only restart
         # The export, kept up to date incrementally (see ``_export``): the runs whose row may
-        # have changed since the last export, and the exported runs in order (``None``: re-sort
-        # at the next export); each run keeps its row (``_AgentRun.row``).
+        # have changed since the last export, and each exported run's row.
         self._rows_chunked: bool | None = None  # the format the rows were built for
         self._dirty: set[ExecutionId] = set()
-        self._order: list[tuple[ExecutionId, _AgentRun]] | None = None
+        self._rows: ExportRows[ExecutionId, _Row] = ExportRows(execution_key)
 
     def begin(
         self, execution: ExecutionId, *, wait: float = 0.0, restart_only: bool = False
@@ -291,6 +286,8 @@ class AgentParticipant(Participant):
         return run
 
     def _restarts(self, scope: frozenset[ExecutionId] | None) -> list[ExecutionId]:
+        if not self._restart_only:
+            return []
         in_scope = scope_test(scope)
         return sorted((e for e in self._restart_only if in_scope(e)), key=execution_key)
 
@@ -320,37 +317,25 @@ class AgentParticipant(Participant):
         runs = self._runs
         chunked = self.incremental_commits
         dirty = self._dirty
+        rows = self._rows
         if self._rows_chunked is not chunked:  # first export, or the format changed: every run
             dirty = set(runs)
             self._rows_chunked = chunked
-            self._order = None
+            rows.clear()
         for execution in dirty:
             run = runs.get(execution)
-            if run is None:  # dropped since
-                self._order = None
-                continue
-            had = run.row is not None
-            if run.restart_only or run.saved is None:
-                run.row = None
+            if run is None or run.restart_only or run.saved is None:  # dropped, or not exported
+                rows.discard(execution)
             else:
-                run.row = self._chunked(run) if chunked else (run.saved, run.awaiting, (), b"")
-            if had != (run.row is not None):
-                self._order = None
+                rows.set(execution, self._chunked(run) if chunked else (run.saved, run.awaiting, (), b""))
         self._dirty = set()
-        order = self._order
-        if order is None:
-            order = self._order = sorted(
-                ((e, run) for e, run in runs.items() if run.row is not None),
-                key=lambda p: execution_key(p[0]),
-            )
-        kept = in_scope_items(scope, order)
-        executions = [execution for execution, _ in kept]
-        parked: list[_Row] = [run.row for _, run in kept]  # type: ignore[misc]  # (all set)
+        frozen = rows.freeze(scope)  # sorted and filtered by scope when first used
         restarts = self._restarts(scope)
         if chunked:
-            records = DeferredBatches(partial(chunked_batches, parked))
+            records = DeferredBatches(lambda: chunked_batches(frozen.kept()[1]))
         else:
-            records = DeferredBatches(lambda: [boundary_batch([(b, a) for b, a, _, _ in parked])])
+            records = DeferredBatches(lambda: [boundary_batch([(b, a) for b, a, _, _ in frozen.kept()[1]])])
+        executions = frozen.executions()
         return Export(records=records, executions=executions, restarts=restarts, sorted_unique=True)
 
     max_chunks: int = DEFAULT_MAX_CHUNKS

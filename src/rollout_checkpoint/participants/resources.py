@@ -30,12 +30,12 @@ from ..protocol import (
     CheckpointMode,
     DeferredBatches,
     Export,
+    ExportRows,
     Participant,
     Readiness,
     RecordBatch,
     WorkerTopology,
     execution_key,
-    in_scope_items,
     scope_test,
     wrong_kind,
 )
@@ -101,10 +101,11 @@ class ResourcesParticipant(Participant):
         self._by_execution: dict[ExecutionId, set[str]] = {}
         self._inflight: set[tuple[ExecutionId, str]] = set()  # sessions with accepted mutations
         # The export, kept up to date incrementally (see ``_export``): the sessions changed
-        # since the last export (``_touch``) and the exported sessions in order (``None``:
-        # re-sort at the next export); each session keeps its row (``_Session.row``).
+        # since the last export (``_touch``) and each exported session's (payload, revision).
         self._dirty: set[tuple[ExecutionId, str]] = set()
-        self._order: list[tuple[ExecutionId, str, _Session]] | None = None
+        self._rows: ExportRows[tuple[ExecutionId, str], tuple[bytes, int]] = ExportRows(
+            _session_order, _session_execution
+        )
         self._opening: dict[tuple[ExecutionId, str], int] = {}  # async work on sessions not open yet
 
     def open_session(
@@ -275,45 +276,35 @@ class ResourcesParticipant(Participant):
         # Incremental: only the sessions touched since the last export are read again; the
         # others keep the (payload, revision) the last export took, which is still theirs.
         sessions = self._sessions
+        rows = self._rows
         for key in self._dirty:
             session = sessions.get(key)
             if session is None:  # ended since
-                self._order = None
+                rows.discard(key)
                 continue
             encoded = session.encoded
             if not isinstance(encoded, bytes):  # stays dirty: every export refuses it until fixed
                 raise InvalidRecordError(
                     f"{self.codec.name} codec cannot encode session {key[1]} of {key[0]}: {encoded}"
                 ) from (encoded if isinstance(encoded, Exception) else None)
-            if session.row is None:
-                self._order = None
-            session.row = (encoded, session.revision)
+            rows.set(key, (encoded, session.revision))
         self._dirty = set()
-        order = self._order
-        if order is None:
-            exported = ((e, sid, s) for (e, sid), s in sessions.items() if s.row is not None)
-            order = self._order = sorted(exported, key=lambda t: (t[0].rollout_id, t[0].attempt, t[1]))
-        kept = in_scope_items(scope, order)
-        # the rows as of now (immutable tuples; a session's row is replaced, never changed)
-        rows: list[tuple[bytes, int]] = [session.row for _, _, session in kept]  # type: ignore[misc]
+        # the rows as of now (immutable tuples; a session's row is replaced, never changed),
+        # sorted and filtered by scope when the batches are built
+        frozen = rows.freeze(scope)
         codec = self.codec.name
 
         def build() -> list[RecordBatch]:
+            keys, kept = frozen.kept()
             return [
                 snapshot_batch(
                     codec,
-                    [(e, sid, row[1]) for (e, sid, _), row in zip(kept, rows, strict=True)],
-                    [row[0] for row in rows],
+                    [(e, sid, row[1]) for (e, sid), row in zip(keys, kept, strict=True)],
+                    [row[0] for row in kept],
                 )
             ]
 
-        # one entry per execution, in order (the sessions are sorted by execution first)
-        executions: list[ExecutionId] = []
-        last_id, last_attempt = None, -1
-        for e, _, _ in kept:
-            if e.rollout_id != last_id or e.attempt != last_attempt:
-                executions.append(e)
-                last_id, last_attempt = e.rollout_id, e.attempt
+        executions = frozen.executions()  # one entry per execution, in order
         return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
 
     def _check_references(
@@ -449,3 +440,11 @@ def snapshot_batch(
         payloads=tuple(payloads),
         revisions=tuple(r for _, _, r in sessions),
     )
+
+
+def _session_order(key: tuple[ExecutionId, str]) -> tuple[str, int, str]:
+    return (key[0].rollout_id, key[0].attempt, key[1])
+
+
+def _session_execution(key: tuple[ExecutionId, str]) -> ExecutionId:
+    return key[0]

@@ -43,6 +43,7 @@ in-lock operations, the class kinds subclass).
 from __future__ import annotations
 
 from ._cancel import Cancellation
+from ._export_rows import DeferredExecutions, ExportRows, FrozenRows
 from ._hooks import (
     BLOCKERS_REPORTED,
     DeferredBatches,
@@ -96,8 +97,11 @@ __all__ = [
     "ConcurrencyContract",
     "DEFAULT_LEASE_GRACE_SECONDS",
     "DeferredBatches",
+    "DeferredExecutions",
     "Export",
     "ExportRecords",
+    "ExportRows",
+    "FrozenRows",
     "INCARNATION_PATTERN",
     "Incarnation",
     "MAX_DEADLINE_SECONDS",

@@ -32,6 +32,7 @@ from ..store import ObjectStore
 from ..telemetry import Attr, Measured, Span, bound, instruments, operation, participant_operation
 from ._admission import AdmissionGate
 from ._component import read_component, write_component
+from ._export_rows import DeferredExecutions
 from ._hooks import (
     BLOCKERS_REPORTED,
     DeferredBatches,
@@ -121,25 +122,26 @@ class CommitRestore(AdmissionGate, abc.ABC):
                     export = self._export(scope_set)
                     if not isinstance(export.records, DeferredBatches):  # built after the freeze
                         exporting.set(Attr.RECORDS, len(export.records))
-                if export.sorted_unique:
-                    restarts, executions = list(export.restarts), list(export.executions)
-                else:
-                    restarts = _unique_sorted(export.restarts)
-                    executions = _unique_sorted(export.executions)
+                # a built-in export lists its executions after the freeze (DeferredExecutions)
+                restarts = _listing(export.restarts, export.sorted_unique)
+                executions = _listing(export.executions, export.sorted_unique)
                 effects = self._effects_in(scope_set)
                 # the manifest's JSON: the per-execution lists are built with the archive (after
                 # the freeze for an asynchronous commit), from the immutable lists fixed here
                 extra = _ManifestExtra(
                     capabilities=self._capabilities.model_dump(mode="json"),
                     tombstones=dict(self.fence.snapshot()),
-                    executions=tuple(executions),
-                    restarts=tuple(restarts),
+                    executions=executions,
+                    restarts=restarts,
                     unsafe_effects=[u.model_dump(mode="json") for u in effects],
                     more=dict(self._manifest_extra()),
                 )
                 generation = self._generation
 
                 def reply(phase: Phase, ref: tuple[str, str, int] | None) -> CommitReply:
+                    # a frozen reply lists what the freeze fixed; a deferred listing is in the
+                    # committed reply (collect) only: building it is what the freeze defers
+                    listed = _listed if phase is Phase.FROZEN else tuple
                     return CommitReply(
                         checkpoint_id=checkpoint_id,
                         phase=phase,
@@ -148,8 +150,8 @@ class CommitRestore(AdmissionGate, abc.ABC):
                         manifest_key=None if ref is None else ref[0],
                         manifest_sha256=None if ref is None else ref[1],
                         manifest_bytes=None if ref is None else ref[2],
-                        executions=tuple(executions),
-                        restarts=tuple(restarts),
+                        executions=listed(executions),
+                        restarts=listed(restarts),
                         unsafe_effects=tuple(effects),
                         incarnation=self._incarnation,
                     )
@@ -446,8 +448,8 @@ class _ManifestExtra:
 
     capabilities: JsonValue
     tombstones: dict[str, int]
-    executions: tuple[ExecutionId, ...]
-    restarts: tuple[ExecutionId, ...]
+    executions: Sequence[ExecutionId]  # a tuple, or a DeferredExecutions built on first use
+    restarts: Sequence[ExecutionId]
     unsafe_effects: list[JsonValue]
     more: dict[str, JsonValue]
 
@@ -488,6 +490,21 @@ def scope_frozenset(scope: Sequence[ExecutionId] | None) -> frozenset[ExecutionI
         built = frozenset(scope)
         _scope_memo = (scope, built)
         return built
+
+
+def _listing(executions: Sequence[ExecutionId], sorted_unique: bool) -> Sequence[ExecutionId]:
+    """An export's executions (or restarts) as the commit keeps them: a tuple, distinct and in
+    order; a :class:`DeferredExecutions` stays deferred (sorted when it is built, if need be)."""
+    if isinstance(executions, DeferredExecutions):
+        if sorted_unique:
+            return executions
+        return DeferredExecutions(partial(_unique_sorted, executions))
+    return tuple(executions) if sorted_unique else tuple(_unique_sorted(executions))
+
+
+def _listed(executions: Sequence[ExecutionId]) -> tuple[ExecutionId, ...]:
+    """What a ``frozen`` reply lists: a listing fixed at the freeze, not a deferred one."""
+    return () if isinstance(executions, DeferredExecutions) else tuple(executions)
 
 
 def _unique_sorted(executions: Iterable[ExecutionId]) -> list[ExecutionId]:

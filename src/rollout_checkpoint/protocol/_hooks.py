@@ -95,7 +95,9 @@ class Export:
     ``records`` never changes once the export exists, whatever the participant does next (the
     commit may write it after the participant resumed): :class:`RecordBatches` hold encoded
     bytes; a sequence of (frozen) record models is copied into a tuple here. ``executions``
-    and ``restarts`` may come in any order and repeat: the commit dedupes and sorts them.
+    and ``restarts`` may come in any order and repeat: the commit dedupes and sorts them. Either
+    may be a :class:`DeferredExecutions` listed after the freeze from an immutable snapshot
+    (:meth:`ExportRows.freeze`); an asynchronous commit's ``frozen`` reply then lists none.
     """
 
     records: ExportRecords
@@ -121,11 +123,17 @@ def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], 
     (the participants of one process that commit one scope share it)."""
     if scope is None:
         return lambda execution: True
-    attempts = scope_attempts(scope)
-    if attempts is None:
-        return scope.__contains__
-    get = attempts.get
-    return lambda execution: get(execution.rollout_id) == execution.attempt
+    index: list[dict[str, int] | None] = []  # built on the first test, not for an unused test
+
+    def test(execution: ExecutionId) -> bool:
+        if not index:
+            index.append(scope_attempts(scope))
+        attempts = index[0]
+        if attempts is None:
+            return execution in scope
+        return attempts.get(execution.rollout_id) == execution.attempt
+
+    return test
 
 
 _Item = TypeVar("_Item", bound=tuple[Any, ...])

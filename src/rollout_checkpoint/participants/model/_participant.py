@@ -24,11 +24,11 @@ from ...protocol import (
     DEFAULT_LEASE_GRACE_SECONDS,
     DeferredBatches,
     Export,
+    ExportRows,
     Readiness,
     RecordBatch,
     WorkerTopology,
     execution_key,
-    in_scope_items,
 )
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
 from ..generation import FakeGenerationBackend
@@ -110,9 +110,11 @@ class PolicyModelParticipant(CutRounds):
         self.worker = validate_id(worker, "worker")
         self.lineage_store = lineage_store
         self._chains: dict[ExecutionId, Chain] = _Chains()
-        # The export's order of the chains, kept between commits while no chain is added,
-        # removed or replaced (see ``_export``): (``_Chains.version``, [(execution, chain)]).
-        self._order: tuple[int, list[tuple[ExecutionId, Chain]]] | None = None
+        # The export, kept up to date incrementally (see ``_export``): each exported chain's
+        # fragment, and the chains that were not quiet at the last export (looked at again).
+        self._rows: ExportRows[ExecutionId, Fragment] = ExportRows(execution_key)
+        self._rows_built = False
+        self._nonquiet: set[ExecutionId] = set()
         self._inflight: set[tuple[ExecutionId, str]] = set()  # external calls not yet staged or closed
         self._tickets: dict[tuple[ExecutionId, str], Ticket] = {}
         self._round: CutRound | None = None
@@ -149,6 +151,7 @@ class PolicyModelParticipant(CutRounds):
             self._admit(execution, wait=wait)
             chain = self._claim(execution, call_id)
             pending = chain.pending.pop(call_id, None)
+            self._touch(execution)
             if pending is not None and pending.prompt not in (None, prompt):
                 # the same call id with another request: its prefix belongs to another
                 # generation, so it is regenerated from scratch rather than continued
@@ -271,6 +274,7 @@ class PolicyModelParticipant(CutRounds):
     def _drop_ticket(self, ticket: Ticket) -> None:
         self._tickets.pop(ticket.key, None)
         ticket.chain.inflight.discard(ticket.call_id)
+        self._touch(ticket.execution)
         self._forget_if_empty(ticket.execution, ticket.chain)
         self._changed()
 
@@ -307,6 +311,7 @@ class PolicyModelParticipant(CutRounds):
             self._register(execution)
             chain = self._chains[execution] = Chain()
         chain.inflight.add(call_id)
+        self._touch(execution)
         return chain
 
     def _stage(
@@ -360,6 +365,7 @@ class PolicyModelParticipant(CutRounds):
                 self._inflight.discard((call.execution, call.call_id))
                 if chain is not None:
                     chain.inflight.discard(call.call_id)
+                    self._touch(call.execution)
                     self._forget_if_empty(call.execution, chain)
                 self._changed()
 
@@ -369,6 +375,7 @@ class PolicyModelParticipant(CutRounds):
         if self.lineage_store is not None:
             self.lineage_store.record(record)
         chain.calls.append(record)
+        self._touch(record.execution)
         chain.encoded[record.call_id] = lineage_payload(record)  # not inside a checkpoint's pause
         chain.receipts[record.call_id] = receipt
         chain.inflight.discard(record.call_id)
@@ -376,6 +383,10 @@ class PolicyModelParticipant(CutRounds):
         self._stats["cuts_discarded"] += len(chain.pending)
         chain.pending.clear()
         self._changed()
+
+    def _touch(self, execution: ExecutionId) -> None:
+        """Lock held: the chain of ``execution`` changed; the next export looks at it again."""
+        cast(_Chains, self._chains).touched.add(execution)
 
     def _forget_if_empty(self, execution: ExecutionId, chain: Chain) -> None:
         if self._chains.get(execution) is chain and not (chain.calls or chain.inflight or chain.pending):
@@ -453,40 +464,53 @@ class PolicyModelParticipant(CutRounds):
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
-        chains = self._chains
-        version = cast(_Chains, chains).version
-        if self._order is None or self._order[0] != version:
-            self._order = (version, sorted(chains.items(), key=lambda p: execution_key(p[0])))
-        taken: list[Fragment] = []
-        executions: list[ExecutionId] = []
-        for execution, chain in in_scope_items(scope, self._order[1]):
-            if not chain.pending and not chain.inflight:
+        chains = cast(_Chains, self._chains)
+        rows = self._rows
+        if self._rows_built:  # what changed since the last export, and what was not quiet then
+            examine = chains.touched | self._nonquiet
+        else:
+            examine = set(chains)
+            rows.clear()
+        nonquiet: list[tuple[ExecutionId, Chain]] = []
+        for execution in examine:
+            chain = chains.get(execution)
+            if chain is None:  # retired, or emptied
+                rows.discard(execution)
+            elif chain.pending or chain.inflight:
+                nonquiet.append((execution, chain))
+            else:
                 fragment: Fragment | None = chain.fragment  # type: ignore[assignment]
                 if fragment is None or fragment[1] != len(chain.calls):
                     if not chain.calls:
+                        rows.discard(execution)
                         continue
                     fragment = chain.fragment = _fragment(execution, chain, snapshot_id, NO_PENDING)
+                rows.set(execution, fragment)
+        nonquiet.sort(key=lambda p: execution_key(p[0]))  # an undelivered call's error: the first
+        for execution, chain in nonquiet:
+            pending = pending_calls(execution, chain, self._tickets, durable)
+            if not chain.calls and not pending:
+                rows.discard(execution)
             else:
-                pending = pending_calls(execution, chain, self._tickets, durable)
-                if not chain.calls and not pending:
-                    continue
-                fragment = _fragment(execution, chain, snapshot_id, pending)
-            executions.append(execution)
-            taken.append(fragment)
+                rows.set(execution, _fragment(execution, chain, snapshot_id, pending))
+        chains.touched = set()
+        self._nonquiet = {execution for execution, _ in nonquiet}
+        self._rows_built = True
+        frozen = rows.freeze(scope)  # sorted and filtered by scope when first used
         sink = self.token_sink.name
 
         def build() -> list[RecordBatch]:
             lineage: list[ModelCallLineageRecord] = []
             encoded: list[bytes | None] = []
             receipts = ReceiptColumns()
-            for fragment in taken:
+            for fragment in frozen.kept()[1]:
                 lineage.extend(fragment[2])
                 encoded.extend(fragment[3])
                 for row in fragment[4]:
                     receipts.add(*row)
             return [lineage_batch(lineage, encoded), receipts.batch(sink)]
 
-        return Export(records=DeferredBatches(build), executions=executions, sorted_unique=True)
+        return Export(records=DeferredBatches(build), executions=frozen.executions(), sorted_unique=True)
 
     def _validate_restore(self, records: Sequence[Record]) -> Callable[[], list[ExecutionId]]:
         chains = chains_from_records(records, delivery=self.delivery, token_source=self.token_source)
@@ -564,35 +588,40 @@ def _fragment(execution: ExecutionId, chain: Chain, snapshot_id: str, pending: P
 
 
 class _Chains(dict[ExecutionId, Chain]):
-    """The participant's chains; ``version`` changes whenever a key is added or removed (or a
-    chain replaced), so the export re-sorts the executions only then."""
+    """The participant's chains; ``touched`` collects every execution whose chain was added,
+    removed or replaced (the participant adds those whose chain it changed), so the next export
+    looks at those only."""
 
-    version = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.touched: set[ExecutionId] = set()
 
     def __setitem__(self, key: ExecutionId, value: Chain) -> None:
-        self.version += 1
+        self.touched.add(key)
         super().__setitem__(key, value)
 
     def __delitem__(self, key: ExecutionId) -> None:
-        self.version += 1
+        self.touched.add(key)
         super().__delitem__(key)
 
     def pop(self, key: ExecutionId, *default: Any) -> Any:
-        self.version += 1
+        self.touched.add(key)
         return super().pop(key, *default)
 
     def popitem(self) -> tuple[ExecutionId, Chain]:
-        self.version += 1
-        return super().popitem()
+        key, value = super().popitem()
+        self.touched.add(key)
+        return key, value
 
     def clear(self) -> None:
-        self.version += 1
+        self.touched.update(self)
         super().clear()
 
     def setdefault(self, key: ExecutionId, default: Any = None) -> Any:
-        self.version += 1
+        self.touched.add(key)
         return super().setdefault(key, default)
 
     def update(self, *args: Any, **kwargs: Any) -> None:
-        self.version += 1
-        super().update(*args, **kwargs)
+        other = dict(*args, **kwargs)
+        self.touched.update(other)
+        super().update(other)
