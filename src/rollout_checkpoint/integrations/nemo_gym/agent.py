@@ -24,7 +24,6 @@ Every wait is awaited (no thread is held while a run is parked).
 from __future__ import annotations
 
 import json
-import os
 from contextlib import suppress
 from typing import Any
 
@@ -35,15 +34,10 @@ from ...errors import CheckpointError
 from ...format.records import AgentBoundaryRecord
 from ...ids import ExecutionId
 from ...participants import AgentParticipant
-from ...server import (
-    AsyncAdmission,
-    error_response,
-    install_error_handlers,
-    install_participant,
-    run_blocking,
-)
+from ...server import AsyncAdmission, error_response, run_blocking
+from ._agent_setup import install_agent_participant
 from .identity import IDENTITY_SETTING, execution_from_run_body
-from .resources import INSTANCE_HEADER, REVISION_HEADER, SESSION_HEADER, start_paused_if_asked
+from .resources import INSTANCE_HEADER, REVISION_HEADER, SESSION_HEADER
 
 __all__ = ["CALL_ID_HEADER", "CheckpointedGymnasiumAgent"]
 
@@ -94,15 +88,8 @@ class CheckpointedGymnasiumAgent(GymnasiumAgent):
 
     def setup_webserver(self) -> Any:
         app = super().setup_webserver()
-        participant = AgentParticipant(str(self.config.name))
-        start_paused_if_asked(participant)
+        participant = install_agent_participant(app, str(self.config.name), "the checkpointed agent")
         self._rc_participant = participant  # kept outside pydantic's fields (see __setattr__)
-        install_error_handlers(app)
-        token = os.environ.get("ROLLOUT_CHECKPOINT_TOKEN")
-        if not token:
-            raise ValueError("the checkpointed agent needs ROLLOUT_CHECKPOINT_TOKEN")
-        install_participant(app, participant, token=token, store=os.environ.get("ROLLOUT_CHECKPOINT_STORE"))
-        app.state.rollout_checkpoint_participant = participant
         return app
 
     @property

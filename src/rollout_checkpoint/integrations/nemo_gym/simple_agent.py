@@ -32,7 +32,6 @@ restore cannot rebuild: it is tracked restart-only (its rollout is dispatched af
 from __future__ import annotations
 
 import json
-import os
 from contextlib import suppress
 from typing import Any
 
@@ -42,13 +41,8 @@ from ...errors import CheckpointError
 from ...format.records import AgentBoundaryRecord
 from ...ids import ExecutionId
 from ...participants import AgentParticipant
-from ...server import (
-    AsyncAdmission,
-    error_response,
-    install_error_handlers,
-    install_participant,
-    run_blocking,
-)
+from ...server import AsyncAdmission, error_response, run_blocking
+from ._agent_setup import install_agent_participant
 from ._simple_steps import (
     EPISODE,
     Episode,
@@ -62,7 +56,6 @@ from ._simple_steps import (
 )
 from .agent import CALL_ID_HEADER, FINISH_PATH, WAIT_SECONDS, _cookies, _revision
 from .identity import execution_from_capture_key, execution_from_run_body
-from .resources import start_paused_if_asked
 
 __all__ = ["CheckpointedSimpleAgent"]
 
@@ -107,16 +100,9 @@ class CheckpointedSimpleAgent(SimpleAgent):
 
     def setup_webserver(self) -> Any:
         app = super().setup_webserver()
-        participant = AgentParticipant(str(self.config.name))
-        start_paused_if_asked(participant)
+        participant = install_agent_participant(app, str(self.config.name), "the checkpointed simple agent")
         self.__dict__["_rc_participant"] = participant  # kept outside pydantic's fields
         self.__dict__["_rc_admission"] = AsyncAdmission(participant)
-        install_error_handlers(app)
-        token = os.environ.get("ROLLOUT_CHECKPOINT_TOKEN")
-        if not token:
-            raise ValueError("the checkpointed simple agent needs ROLLOUT_CHECKPOINT_TOKEN")
-        install_participant(app, participant, token=token, store=os.environ.get("ROLLOUT_CHECKPOINT_STORE"))
-        app.state.rollout_checkpoint_participant = participant
         return app
 
     @property
