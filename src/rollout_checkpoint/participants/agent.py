@@ -213,6 +213,8 @@ class AgentParticipant(Participant):
         sealed = None
         if self.incremental_commits:  # format 2: the chunks a commit would seal, sealed here
             base = () if known is None else known.chunks
+            if base and (known is None or not _extends(saved, known.saved, base[-1].end)):
+                base = ()  # the history was rewritten: sealed afresh (as the lock's check finds)
             sealed = (saved, base, seal_chunks(saved, base, self.max_chunks))
             payload = saved.chunked_payload(sealed[2], None)
         with self._cond:
@@ -399,3 +401,8 @@ class AgentParticipant(Participant):
     def _retire_state(self, executions: Sequence[ExecutionId]) -> None:
         for execution in self._covered_live(executions):
             self._drop_run(execution)
+
+
+def _extends(saved: SavedBoundary, before: SavedBoundary | None, end: int) -> bool:
+    """``saved``'s history keeps the first ``end`` items of ``before``'s (it was extended)."""
+    return before is not None and saved.items[:end] == before.items[:end]

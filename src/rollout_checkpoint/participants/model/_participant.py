@@ -551,10 +551,18 @@ snapshot id))``, all immutable."""
 
 
 def _fragment(execution: ExecutionId, chain: Chain, snapshot_id: str, pending: Pending) -> Fragment:
-    lineage: list[ModelCallLineageRecord] = []
-    encoded: list[bytes | None] = []
-    receipts: list[tuple[ExecutionId, str, str, int, str]] = []
-    for call in chain.calls:
+    """The chain's fragment now. Its delivered calls are append-only and what an export takes
+    of each is fixed when first taken, so a quiet fragment the chain kept (``chain.fragment``)
+    is a prefix of it: only the calls delivered since are read (a long chain that grew by one
+    call costs one call, not its length)."""
+    base: Fragment | None = chain.fragment  # type: ignore[assignment]
+    if base is None or base[0] is not chain or base[1] > len(chain.calls):
+        base = None
+    done = 0 if base is None else base[1]
+    lineage: list[ModelCallLineageRecord] = [] if base is None else list(base[2])
+    encoded: list[bytes | None] = [] if base is None else list(base[3])
+    receipts: list[tuple[ExecutionId, str, str, int, str]] = [] if base is None else list(base[4])
+    for call in chain.calls[done:] if done else chain.calls:
         put = chain.receipts[call.call_id]
         lineage.append(call)
         encoded.append(chain.encoded.get(call.call_id))
