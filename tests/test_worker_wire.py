@@ -32,7 +32,13 @@ from rollout_checkpoint.errors import (
 )
 from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.records import ResourceSnapshotRecord
-from rollout_checkpoint.ids import checked_pairs, execution_ids, pack_executions, unpack_executions
+from rollout_checkpoint.ids import (
+    PackedExecutions,
+    checked_pairs,
+    execution_ids,
+    pack_executions,
+    unpack_executions,
+)
 from rollout_checkpoint.protocol import Capabilities, CommitReply, Phase, new_incarnation
 from rollout_checkpoint.server import (
     CHECKPOINT_ROUTE_PREFIX,
@@ -69,10 +75,27 @@ def test_unpacked_executions_are_kept_and_shared_within_a_bound(monkeypatch: pyt
     assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]  # no model built again
     assert execution_ids([("keep-2", 5)])[0] is first[1]
     monkeypatch.setattr(_compact, "INTERNED_MAX", 3)
-    many = unpack_executions([f"bound-{i}#1" for i in range(10)])
-    assert many == [ex(f"bound-{i}", 1) for i in range(10)]
-    assert len(_compact._INTERNED) <= 3  # started again instead of growing
+    monkeypatch.setattr(_compact, "_largest", 0)
+    for i in range(8):  # scopes of one: the bound is INTERNED_MAX
+        assert unpack_executions([f"bound-{i}#1"]) == [ex(f"bound-{i}", 1)]
+        assert len(_compact._INTERNED) <= 3  # started again instead of growing
     assert unpack_executions(["keep-1#0"]) == [ex("keep-1", 0)]  # rebuilt after the reset
+    # a scope larger than the bound stays whole between two unpacks (twice the largest is kept)
+    scope = [f"big-{i}#0" for i in range(10)]
+    many = unpack_executions(scope)
+    assert many == [ex(f"big-{i}", 0) for i in range(10)]
+    assert all(a is b for a, b in zip(many, unpack_executions(scope), strict=True))
+    assert len(_compact._INTERNED) <= 20
+
+
+def test_a_packed_scope_is_forwarded_as_it_came_and_unpacked_when_read() -> None:
+    packed = [f"fw-{i}#{i % 2}" for i in range(5)]
+    scope = PackedExecutions(packed)
+    assert len(scope) == 5 and scope._items is None  # counted without unpacking
+    assert pack_executions(scope) is packed  # a forwarding hop sends the same strings
+    assert scope._items is None
+    assert list(scope) == [ex(f"fw-{i}", i % 2) for i in range(5)] and scope[4] == ex("fw-4", 0)
+    assert frozenset(scope) == {ex(f"fw-{i}", i % 2) for i in range(5)}
 
 
 @pytest.mark.parametrize(

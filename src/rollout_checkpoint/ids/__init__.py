@@ -13,7 +13,14 @@ from .._lazy import lazy_getattr
 from ._keys import ID_MAX_LENGTH, ID_PATTERN, validate_id, validate_key
 
 if TYPE_CHECKING:
-    from ._compact import check_packed, checked_pairs, execution_ids, pack_executions, unpack_executions
+    from ._compact import (
+        PackedExecutions,
+        check_packed,
+        checked_pairs,
+        execution_ids,
+        pack_executions,
+        unpack_executions,
+    )
     from ._models import CheckpointId, ExecutionId, Identifier
 
 __getattr__ = lazy_getattr(
@@ -21,7 +28,14 @@ __getattr__ = lazy_getattr(
     {
         **dict.fromkeys(("CheckpointId", "ExecutionId", "Identifier"), "._models"),
         **dict.fromkeys(
-            ("check_packed", "checked_pairs", "execution_ids", "pack_executions", "unpack_executions"),
+            (
+                "PackedExecutions",
+                "check_packed",
+                "checked_pairs",
+                "execution_ids",
+                "pack_executions",
+                "unpack_executions",
+            ),
             "._compact",
         ),
     },
@@ -33,6 +47,7 @@ __all__ = [
     "CheckpointId",
     "ExecutionId",
     "Identifier",
+    "PackedExecutions",
     "check_packed",
     "checked_pairs",
     "execution_ids",

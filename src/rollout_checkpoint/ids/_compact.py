@@ -12,14 +12,21 @@ manifest's ``extra`` holds. Anything else is a typed error naming the first bad 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, overload
 
 from ..errors import InvalidIdentifierError, InvalidValueError
 from ._keys import ID_MAX_LENGTH, validate_id
 from ._models import ExecutionId
 
-__all__ = ["check_packed", "checked_pairs", "execution_ids", "pack_executions", "unpack_executions"]
+__all__ = [
+    "PackedExecutions",
+    "check_packed",
+    "checked_pairs",
+    "execution_ids",
+    "pack_executions",
+    "unpack_executions",
+]
 
 _ID = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{ID_MAX_LENGTH - 1}}}"
 _ATTEMPT = r"(?:0|[1-9][0-9]{0,17})"
@@ -28,8 +35,46 @@ _IDS = re.compile(rf"(?:{_ID}\n)*")
 
 
 def pack_executions(executions: Iterable[ExecutionId]) -> list[str]:
-    """``["rollout_id#attempt", ...]`` in the given order."""
+    """``["rollout_id#attempt", ...]`` in the given order (a :class:`PackedExecutions` hands on
+    the strings it holds: a hop that forwards a scope never unpacks it)."""
+    if isinstance(executions, PackedExecutions):
+        return executions.packed
     return [f"{e.rollout_id}#{e.attempt}" for e in executions]
+
+
+class PackedExecutions(Sequence[ExecutionId]):
+    """A compact scope that :func:`check_packed` passed, unpacked into ``ExecutionId``s only when
+    first read: a worker group's supervisor forwards its scope to the workers as it came, and a
+    participant that never reads its scope (its export lists after the freeze) pays for it then.
+    Do not change ``packed`` (the list is shared, not copied)."""
+
+    __slots__ = ("_items", "packed")
+
+    def __init__(self, packed: list[str]) -> None:
+        self.packed = packed
+        self._items: list[ExecutionId] | None = None
+
+    def _unpacked(self) -> list[ExecutionId]:
+        items = self._items
+        if items is None:  # two readers at once build the same list (the ids are interned)
+            items = self._items = unpack_executions(self.packed, checked=True)
+        return items
+
+    @overload
+    def __getitem__(self, index: int) -> ExecutionId: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ExecutionId]: ...
+    def __getitem__(self, index: int | slice) -> ExecutionId | Sequence[ExecutionId]:
+        return self._unpacked()[index]
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __iter__(self) -> Iterator[ExecutionId]:
+        return iter(self._unpacked())
+
+    def __repr__(self) -> str:
+        return f"PackedExecutions({len(self.packed)})"
 
 
 def unpack_executions(
@@ -40,6 +85,8 @@ def unpack_executions(
     ``checked``: :func:`check_packed` already passed on ``items``."""
     if not checked:
         check_packed(items, what)
+    global _largest
+    _largest = max(_largest, len(items))
     known = _INTERNED.get
     out = []
     for item in items:
@@ -103,7 +150,11 @@ def checked_pairs(raw: Any, what: str) -> list[tuple[str, int]]:
 
 
 INTERNED_MAX = 1 << 16
-"""Execution ids kept for reuse (:func:`execution_ids`); past it the cache starts again."""
+"""Execution ids kept for reuse (:func:`execution_ids`), or twice the largest scope unpacked
+if that is more (a scope of 100,000 executions must stay whole between checkpoints: every one
+rebuilt costs microseconds, at every hop); past it the cache starts again."""
+
+_largest = 0  # the largest list unpack_executions has seen
 
 _INTERNED: dict[str, ExecutionId] = {}
 
@@ -122,8 +173,8 @@ def _intern(packed: str, rollout_id: str, attempt: int) -> ExecutionId:
             "__pydantic_private__": None,
         }
     )
-    if len(_INTERNED) >= INTERNED_MAX:
-        _INTERNED.clear()  # bounded: a run with more live executions rebuilds some of them
+    if len(_INTERNED) >= max(INTERNED_MAX, 2 * _largest):
+        _INTERNED.clear()  # bounded: at most twice the largest scope unpacked, or INTERNED_MAX
     _INTERNED[packed] = execution
     return execution
 

@@ -9,6 +9,7 @@ name), finite and at most :data:`MAX_DEADLINE_HORIZON_S` ahead.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import (
@@ -30,7 +31,7 @@ from ..errors import (
     TransientStoreError,
     UnsupportedSchemaError,
 )
-from ..ids import ExecutionId, Identifier, check_packed, unpack_executions
+from ..ids import ExecutionId, Identifier, PackedExecutions, check_packed
 from ..protocol import Publication
 
 __all__ = [
@@ -133,7 +134,7 @@ class _StoreScope(CheckpointRequest):
         description="the scope in compact form, 'rollout_id#attempt' strings (at most one of "
         "scope and scope_ids)",
     )
-    _executions: list[ExecutionId] | None = PrivateAttr(default=None)
+    _executions: Sequence[ExecutionId] | None = PrivateAttr(default=None)
 
     @field_validator("scope_ids")
     @classmethod
@@ -150,12 +151,12 @@ class _StoreScope(CheckpointRequest):
         if self.scope_ids is not None:
             if self.scope is not None:
                 raise ValueError("name the scope once: scope or scope_ids, not both")
-            self._executions = unpack_executions(self.scope_ids, checked=True)
+            self._executions = PackedExecutions(self.scope_ids)  # unpacked when first read
         elif self.scope is not None:
             self._executions = list(self.scope)
         return self
 
-    def executions(self) -> list[ExecutionId] | None:
+    def executions(self) -> Sequence[ExecutionId] | None:
         """The scope (from ``scope`` or ``scope_ids``); ``None``: all."""
         return self._executions
 

@@ -36,7 +36,7 @@ import ray
 import uvicorn
 
 from ...errors import InvalidArgumentError, ParticipantRestartedError
-from ...ids import unpack_executions
+from ...ids import PackedExecutions, check_packed, unpack_executions
 from ...protocol import (
     Capabilities,
     CommitReply,
@@ -334,7 +334,7 @@ class ParticipantHost:
         strings, checked in one pass); ``brief``: answer without the executions and restarts
         lists (the coordinator reads neither), as the HTTP route's ``brief``."""
         self._expect(expect, "commit")
-        scope = None if scope_ids is None else unpack_executions(scope_ids, "scope_ids")
+        scope = None if scope_ids is None else _packed_scope(scope_ids)
         target = self._store(store)
         if brief and self._rc_briefable:  # a worker group: the lists never cross its hop either
             commit: Any = self._rc_participant.commit
@@ -354,7 +354,7 @@ class ParticipantHost:
         deadline: float,
         scope_ids: Sequence[str] | None = None,
     ) -> RestoreReply:
-        scope = None if scope_ids is None else unpack_executions(scope_ids, "scope_ids")
+        scope = None if scope_ids is None else _packed_scope(scope_ids)
         return self._rc_participant.restore(
             checkpoint_id, source_checkpoint_id, self._store(store), deadline, scope
         )
@@ -383,3 +383,9 @@ def host_actor(cls: type[Any] = ParticipantHost, **options: Any) -> Any:
     groups = {**CONCURRENCY_GROUPS, **options.pop("concurrency_groups", {})}
     remote: Any = ray.remote
     return remote(concurrency_groups=groups, **options)(cls)
+
+
+def _packed_scope(scope_ids: Sequence[str]) -> PackedExecutions:
+    """A scope sent packed, checked in one pass and unpacked only when the participant reads it."""
+    check_packed(scope_ids, "scope_ids")
+    return PackedExecutions(list(scope_ids))
