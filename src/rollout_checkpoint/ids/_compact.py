@@ -12,7 +12,8 @@ manifest's ``extra`` holds. Anything else is a typed error naming the first bad 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, overload
 
 from ..errors import InvalidIdentifierError, InvalidValueError
@@ -37,9 +38,22 @@ _IDS = re.compile(rf"(?:{_ID}\n)*")
 def pack_executions(executions: Iterable[ExecutionId]) -> list[str]:
     """``["rollout_id#attempt", ...]`` in the given order (a :class:`PackedExecutions` hands on
     the strings it holds: a hop that forwards a scope never unpacks it)."""
+    global _packed_memo
     if isinstance(executions, PackedExecutions):
         return executions.packed
-    return [f"{e.rollout_id}#{e.attempt}" for e in executions]
+    if not isinstance(executions, tuple):
+        return [f"{e.rollout_id}#{e.attempt}" for e in executions]
+    with _packed_lock:  # a coordinator sends its one scope tuple to every remote participant
+        memo = _packed_memo
+        if memo is not None and memo[0] is executions:
+            return memo[1]
+        packed = [f"{e.rollout_id}#{e.attempt}" for e in executions]
+        _packed_memo = (executions, packed)  # kept alive by the memo: its id is not reused
+        return packed
+
+
+_packed_memo: tuple[tuple[ExecutionId, ...], list[str]] | None = None
+_packed_lock = threading.Lock()
 
 
 class PackedExecutions(Sequence[ExecutionId]):
@@ -154,7 +168,7 @@ INTERNED_MAX = 1 << 16
 if that is more (a scope of 100,000 executions must stay whole between checkpoints: every one
 rebuilt costs microseconds, at every hop); past it the cache starts again."""
 
-_largest = 0  # the largest list unpack_executions has seen
+_largest = 0  # the largest list unpacked (unpack_executions, execution_ids) so far
 
 _INTERNED: dict[str, ExecutionId] = {}
 
@@ -182,6 +196,9 @@ def _intern(packed: str, rollout_id: str, attempt: int) -> ExecutionId:
 def execution_ids(pairs: Iterable[tuple[str, int]]) -> list[ExecutionId]:
     """``ExecutionId``s of pairs already checked (:func:`checked_pairs`, :func:`check_packed`),
     without validating each one again, the same instance for the same pair while it is kept."""
+    global _largest
+    if isinstance(pairs, Sized):
+        _largest = max(_largest, len(pairs))
     known = _INTERNED.get
     out = []
     for rollout_id, attempt in pairs:

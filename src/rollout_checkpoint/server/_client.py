@@ -235,9 +235,12 @@ class RemoteParticipant:
             body["brief"] = True
         return self._call("/commit", body, CommitReply, deadline, self._incarnation)
 
-    def collect(self, checkpoint_id: str, deadline: float) -> CommitReply:
-        """Wait (until ``deadline``) for the background upload of an asynchronous commit."""
-        body = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+    def collect(self, checkpoint_id: str, deadline: float, *, brief: bool = False) -> CommitReply:
+        """Wait (until ``deadline``) for the background upload of an asynchronous commit.
+        ``brief`` (or ``brief_commits``): the reply lists no executions and restarts."""
+        body: dict[str, Any] = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline}
+        if brief or self.brief_commits:
+            body["brief"] = True
         return self._call("/collect", body, CommitReply, deadline, self._incarnation)
 
     def restore(

@@ -51,6 +51,7 @@ from ._wire import (
     INVALID_REQUEST,
     UNAUTHORIZED,
     CheckpointRequest,
+    CollectRequest,
     CommitRequest,
     ErrorReply,
     ForgetReply,
@@ -304,8 +305,11 @@ def checkpoint_router(
         return reply
 
     @router.post("/collect", response_model=CommitReply, summary="wait for an asynchronous commit's upload")
-    async def collect(body: CheckpointRequest) -> CommitReply:
-        return await blocking(publisher().collect, body.checkpoint_id, body.deadline_ts)
+    async def collect(body: CollectRequest) -> CommitReply:
+        reply: CommitReply = await blocking(publisher().collect, body.checkpoint_id, body.deadline_ts)
+        if body.brief:  # the caller reads them from the committed manifest
+            reply = reply.model_copy(update={"executions": (), "restarts": ()})
+        return reply
 
     @router.post("/restore", response_model=RestoreReply, summary="install a checkpoint as attempt N+1")
     async def restore(body: RestoreRequest) -> RestoreReply:

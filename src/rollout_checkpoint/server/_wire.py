@@ -38,6 +38,7 @@ __all__ = [
     "CHECKPOINT_ROUTE_PREFIX",
     "MAX_DEADLINE_HORIZON_S",
     "CheckpointRequest",
+    "CollectRequest",
     "CommitRequest",
     "ErrorBody",
     "ErrorReply",
@@ -177,6 +178,15 @@ class CommitRequest(_StoreScope):
         strict=True,
         description="answer without the executions and restarts lists (the caller reads them from "
         "the committed manifest's extra): a worker group's worker",
+    )
+
+
+class CollectRequest(CheckpointRequest):
+    brief: bool = Field(
+        default=False,
+        strict=True,
+        description="answer without the executions and restarts lists (the caller reads them from "
+        "the committed manifest's extra): a worker group, or a coordinator asking brief replies",
     )
 
 

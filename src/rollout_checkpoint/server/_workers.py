@@ -416,7 +416,9 @@ class WorkerGroup:
 
         def upload(fence: Upload) -> CommitReply:
             # one worker's failed upload fails the group's at once (nothing can publish)
-            parts = self._each(lambda w: w.client.collect(checkpoint_id, deadline), workers, fail_fast=True)
+            parts = self._each(
+                lambda w: w.client.collect(checkpoint_id, deadline, brief=True), workers, fail_fast=True
+            )
             return self._merge(checkpoint_id, target, parts, fence.check, fence.lock)
 
         with self._lock:
