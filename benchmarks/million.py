@@ -1,25 +1,44 @@
 """Loading and classifying a checkpoint of a million rollouts written by 64 participants.
 
     python benchmarks/million.py [--rollouts 100000 1000000] [--participants 64] [--runs 3]
-        [--state-bytes 64] [--verify] [--store DIR] [--json]
+        [--state-bytes 64] [--build-groups G] [--verify] [--store DIR] [--json]
 
-Build (one child process per size, not timed as a figure): ``--participants`` real in-process
+The checkpoint (built once per size, not timed as a figure): ``--participants`` real
 participants, half ``AgentParticipant`` and half ``ResourcesParticipant`` (``agent-NN`` and
-``resources-NN``), and a ``Coordinator`` take one real checkpoint on a local store. Rollout i
-lives on agent ``i mod P/2`` (an agent boundary with ``--state-bytes`` of opaque state, naming the
-revision of its session) and on resources ``i mod P/2`` (one session, mutated once): two members
-per rollout, each participant's component holding N/(P/2) of each kind, the registry's one
-dispatch record per rollout, as a real run writes them. The state is small on purpose: the reader
-never reads payloads, so their size changes the build, not what is measured.
+``resources-NN``), the real ``LiveExecutionRegistry`` and a real ``Coordinator`` take one real
+checkpoint (id ``million``) on a local store. Rollout i lives on agent ``i mod P/2`` (an agent
+boundary with ``--state-bytes`` of opaque state, naming the revision of its session) and on
+resources ``i mod P/2`` (one session, mutated once): two members per rollout, each participant's
+component holding N/(P/2) of each kind, the registry's one dispatch record per rollout, as a
+real run writes them. The state is small on purpose: the reader never reads payloads, so their
+size changes the build, not what is measured. Everything in the checkpoint is real; only the
+workload is synthetic (one boundary and one session per rollout, no model participant, so no
+lineage or token receipts to cross-check).
 
-Everything in the checkpoint is real: the participants' own commits write their components and the
-coordinator publishes them; only the workload is synthetic (one boundary and one session per
-rollout, no model participant, so no lineage or token receipts to cross-check). Building holds
-every participant's state in one process, about 11 KB per rollout before the checkpoint and 22 KB
-at its peak (measured at 50,000), and takes minutes per 100,000 rollouts: 300,000 is the largest
-that fits 8 GB; 1,000,000 does not (about 22 GB). ``--store DIR`` keeps each built checkpoint
-under DIR (``n<N>-p<P>-s<S>``, a ``built.json`` written last) and reuses it on the next run, so
-the reads can be repeated without building again.
+How it is built, and why (memory): a participant holds about 11 KB per rollout before the
+checkpoint and 16-22 KB at its peak, so one process holding all 64 needs about 22 GB for
+1,000,000 rollouts, more than the host has. So the build runs in child processes, one after the
+other (``--build-groups G``; default: enough that a group holds at most about 150,000 rollouts):
+
+1. each group's child holds agent and resources k for its share of k, populated as a run leaves
+   them, and each participant runs its own real control calls of the checkpoint: ``prepare``,
+   ``commit`` (scope None: all its executions; its component is written to the store) and
+   ``resume``; the child records each participant's ``capabilities()``, ``status()`` and the
+   three answers (``model_dump(mode="json")``) in a file, then exits, its memory freed;
+2. the last child builds the registry (one dispatch per rollout, in dispatch order) and runs
+   ``Coordinator(store, proxies, registry).checkpoint("million")`` over one proxy per
+   participant that answers the coordinator's calls with what the real participant answered
+   (same capabilities and incarnation, its prepare report, its commit reply naming the manifest
+   it wrote, its resume reply; only for that checkpoint id). The coordinator validates every
+   component from the store (digests, identity, every shard and index) and writes the registry
+   component, the aggregate and the global record, as in any checkpoint.
+
+The result is the checkpoint the one-process build writes (``--build-groups 0``, kept: every
+participant and the coordinator in one process, calling each other directly): the same objects
+of the same sizes, read and classified the same (``tests/test_million_build.py``). The build's
+JSON reports each child's populate and commit seconds and peak RSS. ``--store DIR`` keeps each
+built checkpoint under DIR (``n<N>-p<P>-s<S>``, a ``built.json`` written last) and reuses it on
+the next run, so the reads can be repeated without building again.
 
 Read (``--runs`` fresh processes per size, medians): ``load_checkpoint(store, verify=False)``,
 which reads the global record, the aggregate, every component manifest and member index (the
