@@ -24,8 +24,11 @@ from ..protocol import (
     ExportRows,
     Participant,
     Readiness,
+    ScopeSource,
     WorkerTopology,
+    deferred_scope,
     execution_key,
+    resolve_scope,
     restamp,
     scope_test,
     wrong_kind,
@@ -311,6 +314,16 @@ class AgentParticipant(Participant):
         )
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        return self._export_rows(scope)
+
+    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
+        """The scope's set is built after the freeze, when the rows are listed (a subclass that
+        overrides :meth:`_export` gets the set first, as ever)."""
+        if type(self)._export is not AgentParticipant._export:
+            return super()._export_for(scope)
+        return self._export_rows(deferred_scope(scope))
+
+    def _export_rows(self, scope: ScopeSource) -> Export:
         """Incremental: only the runs that changed since the last export are looked at (their
         rows rebuilt: a format-2 boundary seals its new chunk here, as it always did); the
         others keep the row the last export built, which is still exactly what they would build
@@ -332,7 +345,7 @@ class AgentParticipant(Participant):
                 rows.set(execution, self._chunked(run) if chunked else (run.saved, run.awaiting, (), b""))
         self._dirty = set()
         frozen = rows.freeze(scope)  # sorted and filtered by scope when first used
-        restarts = self._restarts(scope)
+        restarts = self._restarts(resolve_scope(scope)) if self._restart_only else []
         if chunked:
             records = DeferredBatches(lambda: chunked_batches(frozen.kept()[1]))
         else:

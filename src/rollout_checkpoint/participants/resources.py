@@ -34,8 +34,11 @@ from ..protocol import (
     Participant,
     Readiness,
     RecordBatch,
+    ScopeSource,
     WorkerTopology,
+    deferred_scope,
     execution_key,
+    resolve_scope,
     scope_test,
     wrong_kind,
 )
@@ -267,10 +270,20 @@ class ResourcesParticipant(Participant):
         return Readiness(counts=counts, restarts=restarts)
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        in_scope = scope_test(scope)
+        return self._export_rows(scope)
+
+    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
+        """The scope's set is built after the freeze, when the rows are listed (a subclass that
+        overrides :meth:`_export` gets the set first, as ever)."""
+        if type(self)._export is not ResourcesParticipant._export:
+            return super()._export_for(scope)
+        return self._export_rows(deferred_scope(scope))
+
+    def _export_rows(self, scope: ScopeSource) -> Export:
         if self.mode == "stateless":
             return Export(records=[], executions=[])
         if self.mode == "restart_only":
+            in_scope = scope_test(resolve_scope(scope))
             live = [e for e in self._live_executions() if in_scope(e)]
             return Export(records=[], executions=[], restarts=live)
         # Incremental: only the sessions touched since the last export are read again; the

@@ -43,7 +43,14 @@ in-lock operations, the class kinds subclass).
 from __future__ import annotations
 
 from ._cancel import Cancellation
-from ._export_rows import DeferredExecutions, ExportRows, FrozenRows
+from ._export_rows import (
+    DeferredExecutions,
+    ExportRows,
+    FrozenRows,
+    ScopeSource,
+    deferred_scope,
+    resolve_scope,
+)
 from ._hooks import (
     BLOCKERS_REPORTED,
     DeferredBatches,
@@ -55,6 +62,7 @@ from ._hooks import (
     execution_key,
     in_scope_items,
     restamp,
+    scope_frozenset,
     scope_test,
     wrong_kind,
 )
@@ -87,25 +95,26 @@ from ._types import (
 )
 
 __all__ = [
-    "AsyncParticipantControl",
     "BLOCKERS_REPORTED",
     "CONTROL_SCHEMA_VERSION",
+    "DEFAULT_LEASE_GRACE_SECONDS",
+    "INCARNATION_PATTERN",
+    "MAX_DEADLINE_SECONDS",
+    "PREPARE_ORDER",
+    "RESUMED_IDS_KEPT",
+    "AsyncParticipantControl",
     "Cancellation",
     "Capabilities",
     "CheckpointMode",
     "CommitReply",
     "ConcurrencyContract",
-    "DEFAULT_LEASE_GRACE_SECONDS",
     "DeferredBatches",
     "DeferredExecutions",
     "Export",
     "ExportRecords",
     "ExportRows",
     "FrozenRows",
-    "INCARNATION_PATTERN",
     "Incarnation",
-    "MAX_DEADLINE_SECONDS",
-    "PREPARE_ORDER",
     "Participant",
     "ParticipantControl",
     "ParticipantKind",
@@ -115,18 +124,21 @@ __all__ = [
     "Publication",
     "PublicationFailedError",
     "PublicationUnknownError",
-    "RESUMED_IDS_KEPT",
     "Readiness",
     "RecordBatch",
     "RecordBatches",
     "RestoreReply",
     "ResumeReply",
+    "ScopeSource",
     "UnsafeEffect",
     "WorkerTopology",
+    "deferred_scope",
     "execution_key",
     "in_scope_items",
     "new_incarnation",
+    "resolve_scope",
     "restamp",
+    "scope_frozenset",
     "scope_test",
     "wrong_kind",
 ]

@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..format.fencing import AttemptFence
 from ..format.records import Record
-from ..ids import ExecutionId, validate_id
+from ..ids import ExecutionId, PackedExecutions, validate_id
 from ..store import ObjectStore
 from ..telemetry import Attr, Measured, Span, bound, instruments, operation, participant_operation
 from ._admission import AdmissionGate
@@ -41,6 +41,7 @@ from ._hooks import (
     Readiness,
     execution_key,
     scope_attempts,
+    scope_frozenset,
 )
 from ._increments import BaseCatalog
 from ._lease import check_deadline
@@ -82,7 +83,7 @@ class CommitRestore(AdmissionGate, abc.ABC):
         check_deadline(deadline, self._clock(), "commit", limit=self.max_deadline_seconds)
         if publication not in ("sync", "async"):
             raise ValueError(f"publication must be 'sync' or 'async', not {publication!r}")
-        scope_set = scope_frozenset(scope)
+        scope = _immutable(scope)
         self._acquire_gate(deadline, "commit")
         try:
             self._uploads.wait_others(checkpoint_id, deadline)
@@ -119,13 +120,13 @@ class CommitRestore(AdmissionGate, abc.ABC):
                     )
                 self._extend_lease(deadline)
                 with operation(Span.participant("export")) as exporting:
-                    export = self._export(scope_set)
+                    export = self._export_for(scope)
                     if not isinstance(export.records, DeferredBatches):  # built after the freeze
                         exporting.set(Attr.RECORDS, len(export.records))
                 # a built-in export lists its executions after the freeze (DeferredExecutions)
                 restarts = _listing(export.restarts, export.sorted_unique)
                 executions = _listing(export.executions, export.sorted_unique)
-                effects = self._effects_in(scope_set)
+                effects = self._effects_in(scope)
                 # the manifest's JSON: the per-execution lists are built with the archive (after
                 # the freeze for an asynchronous commit), from the immutable lists fixed here
                 extra = _ManifestExtra(
@@ -425,14 +426,23 @@ class CommitRestore(AdmissionGate, abc.ABC):
         if not self._op_gate.acquire(timeout=max(0.0, deadline - self._clock())):
             raise DeadlineExceededError(f"{op}: another commit/restore still runs at the deadline")
 
-    def _effects_in(self, scope: frozenset[ExecutionId] | None) -> list[UnsafeEffect]:
+    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
+        """The export of ``scope`` as the commit received it (immutable; ``None``: all). The
+        default builds the frozenset :meth:`_export` takes; a kind whose export filters after
+        the freeze overrides this to build it only then (unpacking and hashing a scope of
+        100,000 ids costs tens of milliseconds, inside the pause)."""
+        return self._export(scope_frozenset(scope))
+
+    def _effects_in(self, scope: Sequence[ExecutionId] | None) -> list[UnsafeEffect]:
         if not self._effects:
             return []
         rollouts: Container[str] | None = None
         if scope is not None:
-            rollouts = scope_attempts(scope)
+            scope_set = scope_frozenset(scope)
+            assert scope_set is not None
+            rollouts = scope_attempts(scope_set)
             if rollouts is None:
-                rollouts = {e.rollout_id for e in scope}
+                rollouts = {e.rollout_id for e in scope_set}
         return [
             effect
             for rollout_id in sorted(self._effects)
@@ -466,32 +476,6 @@ class _ManifestExtra:
         return extra
 
 
-_scope_memo: tuple[Sequence[ExecutionId], frozenset[ExecutionId]] | None = None
-_scope_lock = threading.Lock()
-
-
-def scope_frozenset(scope: Sequence[ExecutionId] | None) -> frozenset[ExecutionId] | None:
-    """``frozenset(scope)``, built once for the participants of one process that commit the same
-    scope **tuple** (a coordinator hands every in-process participant its one tuple of live
-    executions: hashing 100,000 of them three times was a measurable part of the pause). Only
-    a tuple is memoized, by identity: it cannot change, and the memo keeps it alive, so its id
-    is not reused meanwhile."""
-    global _scope_memo
-    if scope is None:
-        return None
-    if isinstance(scope, frozenset):
-        return scope
-    if not isinstance(scope, tuple):
-        return frozenset(scope)
-    with _scope_lock:  # held while building: the participants committing it wait for one build
-        memo = _scope_memo
-        if memo is not None and memo[0] is scope:
-            return memo[1]
-        built = frozenset(scope)
-        _scope_memo = (scope, built)
-        return built
-
-
 def _listing(executions: Sequence[ExecutionId], sorted_unique: bool) -> Sequence[ExecutionId]:
     """An export's executions (or restarts) as the commit keeps them: a tuple, distinct and in
     order; a :class:`DeferredExecutions` stays deferred (sorted when it is built, if need be)."""
@@ -505,6 +489,14 @@ def _listing(executions: Sequence[ExecutionId], sorted_unique: bool) -> Sequence
 def _listed(executions: Sequence[ExecutionId]) -> tuple[ExecutionId, ...]:
     """What a ``frozen`` reply lists: a listing fixed at the freeze, not a deferred one."""
     return () if isinstance(executions, DeferredExecutions) else tuple(executions)
+
+
+def _immutable(scope: Sequence[ExecutionId] | None) -> Sequence[ExecutionId] | None:
+    """The scope as a value nothing can change after the commit read it (an export may use it
+    after the freeze): a tuple, frozenset or packed scope as it is, anything else copied."""
+    if scope is None or isinstance(scope, tuple | frozenset | PackedExecutions):
+        return scope
+    return tuple(scope)
 
 
 def _unique_sorted(executions: Iterable[ExecutionId]) -> list[ExecutionId]:

@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Generic, TypeVar, cast, overload
 
 from ..ids import ExecutionId
-from ._hooks import scope_attempts
+from ._hooks import scope_attempts, scope_frozenset
 
-__all__ = ["DeferredExecutions", "ExportRows", "FrozenRows"]
+__all__ = [
+    "DeferredExecutions",
+    "ExportRows",
+    "FrozenRows",
+    "ScopeSource",
+    "deferred_scope",
+    "resolve_scope",
+]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -109,8 +117,9 @@ class ExportRows(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._rows
 
-    def freeze(self, scope: frozenset[ExecutionId] | None) -> FrozenRows[K, V]:
-        """An immutable snapshot of the rows in ``scope`` (filtered and sorted on first use)."""
+    def freeze(self, scope: ScopeSource) -> FrozenRows[K, V]:
+        """An immutable snapshot of the rows in ``scope`` (filtered and sorted on first use;
+        ``scope`` may be a function giving the set, called then: see :func:`deferred_scope`)."""
         return FrozenRows(self, self._rows.copy(), self._version, scope)
 
     def _order(self, rows: dict[K, V], version: int) -> list[K]:
@@ -124,13 +133,25 @@ class ExportRows(Generic[K, V]):
 
 _MISSING = object()
 
+ScopeSource = frozenset[ExecutionId] | None | Callable[[], frozenset[ExecutionId] | None]
+"""A commit's scope as an export takes it: the set, ``None`` (all), or a function giving it."""
+
+
+def deferred_scope(scope: Sequence[ExecutionId] | None) -> Callable[[], frozenset[ExecutionId] | None]:
+    """The set of an (immutable) scope, built when first asked for: after the freeze for an
+    asynchronous commit (see :meth:`CommitRestore._export_for`)."""
+    return partial(scope_frozenset, scope)
+
+
+def resolve_scope(scope: ScopeSource) -> frozenset[ExecutionId] | None:
+    """The set a :data:`ScopeSource` stands for."""
+    return scope() if callable(scope) else scope
+
 
 class FrozenRows(Generic[K, V]):
     """One export's rows: what :meth:`ExportRows.freeze` copied, listed on first use."""
 
-    def __init__(
-        self, owner: ExportRows[K, V], rows: dict[K, V], version: int, scope: frozenset[ExecutionId] | None
-    ) -> None:
+    def __init__(self, owner: ExportRows[K, V], rows: dict[K, V], version: int, scope: ScopeSource) -> None:
         self._owner = owner
         self._rows = rows
         self._version = version
@@ -149,7 +170,7 @@ class FrozenRows(Generic[K, V]):
             return self._kept
 
     def _in_scope(self, keys: list[K]) -> list[K]:
-        scope = self._scope
+        scope = resolve_scope(self._scope)
         if scope is None:
             return keys
         of = self._owner._execution_of

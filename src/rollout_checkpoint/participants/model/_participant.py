@@ -27,7 +27,9 @@ from ...protocol import (
     ExportRows,
     Readiness,
     RecordBatch,
+    ScopeSource,
     WorkerTopology,
+    deferred_scope,
     execution_key,
 )
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
@@ -454,6 +456,16 @@ class PolicyModelParticipant(CutRounds):
         return extra
 
     def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
+        return self._export_rows(scope)
+
+    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
+        """The scope's set is built after the freeze, when the rows are listed (a subclass that
+        overrides :meth:`_export` gets the set first, as ever)."""
+        if type(self)._export is not PolicyModelParticipant._export:
+            return super()._export_for(scope)
+        return self._export_rows(deferred_scope(scope))
+
+    def _export_rows(self, scope: ScopeSource) -> Export:
         """Incremental: a *quiet* chain (no call in flight, no pending cut) that did not grow
         since the last export reuses the fragment that export built (its calls are append-only,
         each call's receipt and payload are set with it, and a receipt's snapshot id is fixed
