@@ -61,12 +61,14 @@ class ExecutionId(BaseModel):
     def __str__(self) -> str:
         return f"{self.rollout_id}#{self.attempt}"
 
-    # The identity is (rollout_id, attempt): hashed and compared on those two fields only.
-    # pydantic's generated ``__hash__`` / ``__eq__`` give the same answers (the model is frozen,
-    # with no extra or private fields) at several times the cost, and a checkpoint hashes every
-    # live execution (the commit's scope) inside its pause.
+    # The identity is (rollout_id, attempt): compared on those two fields only, and hashed on
+    # the rollout id alone (equal ids have equal rollout ids; a string caches its hash, so no
+    # tuple is built per hash: a set rarely holds two attempts of one rollout). pydantic's
+    # generated ``__hash__`` / ``__eq__`` give the same equality (the model is frozen, with no
+    # extra or private fields) at several times the cost, and a checkpoint hashes every live
+    # execution (the commit's scope) inside its pause.
     def __hash__(self) -> int:
-        return hash((self.rollout_id, self.attempt))
+        return hash(self.rollout_id)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ExecutionId):
