@@ -331,14 +331,16 @@ class AgentParticipant(Participant):
         batches are built from the rows after the freeze (:class:`DeferredBatches`)."""
         runs = self._runs
         chunked = self.incremental_commits
-        dirty = self._dirty
         rows = self._rows
+        changed: list[tuple[ExecutionId, _AgentRun | None]]
         if self._rows_chunked is not chunked:  # first export, or the format changed: every run
-            dirty = set(runs)
+            changed = list(runs.items())
             self._rows_chunked = chunked
             rows.clear()
-        for execution in dirty:
-            run = runs.get(execution)
+        else:
+            get = runs.get
+            changed = [(e, get(e)) for e in self._dirty]
+        for execution, run in changed:
             if run is None or run.restart_only or run.saved is None:  # dropped, or not exported
                 rows.discard(execution)
             else:

@@ -478,14 +478,15 @@ class PolicyModelParticipant(CutRounds):
         durable = self._durable_cuts()
         chains = cast(_Chains, self._chains)
         rows = self._rows
+        examine: list[tuple[ExecutionId, Chain | None]]
         if self._rows_built:  # what changed since the last export, and what was not quiet then
-            examine = chains.touched | self._nonquiet
+            get = chains.get
+            examine = [(e, get(e)) for e in chains.touched | self._nonquiet]
         else:
-            examine = set(chains)
+            examine = list(chains.items())
             rows.clear()
         nonquiet: list[tuple[ExecutionId, Chain]] = []
-        for execution in examine:
-            chain = chains.get(execution)
+        for execution, chain in examine:
             if chain is None:  # retired, or emptied
                 rows.discard(execution)
             elif chain.pending or chain.inflight:
