@@ -14,6 +14,7 @@ from ._keys import ID_MAX_LENGTH, ID_PATTERN, validate_id, validate_key
 
 if TYPE_CHECKING:
     from ._compact import (
+        LazyExecutions,
         PackedExecutions,
         check_packed,
         checked_pairs,
@@ -29,6 +30,7 @@ __getattr__ = lazy_getattr(
         **dict.fromkeys(("CheckpointId", "ExecutionId", "Identifier"), "._models"),
         **dict.fromkeys(
             (
+                "LazyExecutions",
                 "PackedExecutions",
                 "check_packed",
                 "checked_pairs",
@@ -47,6 +49,7 @@ __all__ = [
     "CheckpointId",
     "ExecutionId",
     "Identifier",
+    "LazyExecutions",
     "PackedExecutions",
     "check_packed",
     "checked_pairs",

@@ -21,6 +21,7 @@ from ._keys import ID_MAX_LENGTH, validate_id
 from ._models import ExecutionId
 
 __all__ = [
+    "LazyExecutions",
     "PackedExecutions",
     "check_packed",
     "checked_pairs",
@@ -56,7 +57,30 @@ _packed_memo: tuple[tuple[ExecutionId, ...], list[str]] | None = None
 _packed_lock = threading.Lock()
 
 
-class PackedExecutions(Sequence[ExecutionId]):
+class LazyExecutions(Sequence[ExecutionId]):
+    """A sequence of executions built when first read (:meth:`_built`): what a control call
+    hands on without reading, or an export lists after its freeze."""
+
+    __slots__ = ()
+
+    def _built(self) -> Sequence[ExecutionId]:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> ExecutionId: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ExecutionId]: ...
+    def __getitem__(self, index: int | slice) -> ExecutionId | Sequence[ExecutionId]:
+        return self._built()[index]
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+    def __iter__(self) -> Iterator[ExecutionId]:
+        return iter(self._built())
+
+
+class PackedExecutions(LazyExecutions):
     """A compact scope that :func:`check_packed` passed, unpacked into ``ExecutionId``s only when
     first read: a worker group's supervisor forwards its scope to the workers as it came, and a
     participant that never reads its scope (its export lists after the freeze) pays for it then.
@@ -68,24 +92,14 @@ class PackedExecutions(Sequence[ExecutionId]):
         self.packed = packed
         self._items: list[ExecutionId] | None = None
 
-    def _unpacked(self) -> list[ExecutionId]:
+    def _built(self) -> list[ExecutionId]:
         items = self._items
         if items is None:  # two readers at once build the same list (the ids are interned)
             items = self._items = unpack_executions(self.packed, checked=True)
         return items
 
-    @overload
-    def __getitem__(self, index: int) -> ExecutionId: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[ExecutionId]: ...
-    def __getitem__(self, index: int | slice) -> ExecutionId | Sequence[ExecutionId]:
-        return self._unpacked()[index]
-
     def __len__(self) -> int:
-        return len(self.packed)
-
-    def __iter__(self) -> Iterator[ExecutionId]:
-        return iter(self._unpacked())
+        return len(self.packed)  # counted without unpacking
 
     def __repr__(self) -> str:
         return f"PackedExecutions({len(self.packed)})"

@@ -22,11 +22,10 @@ from ..protocol import (
     DeferredBatches,
     Export,
     ExportRows,
-    Participant,
     Readiness,
+    RowsExport,
     ScopeSource,
     WorkerTopology,
-    deferred_scope,
     execution_key,
     resolve_scope,
     restamp,
@@ -64,7 +63,7 @@ class _AgentRun:
         return None if self.saved is None else self.saved.record()
 
 
-class AgentParticipant(Participant):
+class AgentParticipant(RowsExport):
     """A whitebox agent: one active run per rollout attempt, parked at safe points.
 
     Integration: ``begin`` when a run starts (returns the restored boundary to continue from,
@@ -312,16 +311,6 @@ class AgentParticipant(Participant):
             },
             restarts=restarts,
         )
-
-    def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        return self._export_rows(scope)
-
-    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
-        """The scope's set is built after the freeze, when the rows are listed (a subclass that
-        overrides :meth:`_export` gets the set first, as ever)."""
-        if type(self)._export is not AgentParticipant._export:
-            return super()._export_for(scope)
-        return self._export_rows(deferred_scope(scope))
 
     def _export_rows(self, scope: ScopeSource) -> Export:
         """Incremental: only the runs that changed since the last export are looked at (their

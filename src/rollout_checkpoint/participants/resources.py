@@ -31,12 +31,11 @@ from ..protocol import (
     DeferredBatches,
     Export,
     ExportRows,
-    Participant,
     Readiness,
     RecordBatch,
+    RowsExport,
     ScopeSource,
     WorkerTopology,
-    deferred_scope,
     execution_key,
     resolve_scope,
     scope_test,
@@ -52,7 +51,7 @@ DEFAULT_ADMISSION_WAIT_SECONDS = 300.0
 """How long a session request waits for a checkpoint to end before ``admission_closed``."""
 
 
-class ResourcesParticipant(Participant):
+class ResourcesParticipant(RowsExport):
     """Per-session environment state, keyed by ``(rollout_id, attempt, session_id)``.
 
     Modes: ``exported`` (sessions are exported through ``codec`` and restored under attempt
@@ -268,16 +267,6 @@ class ResourcesParticipant(Participant):
             return Readiness(blockers=[f"{e}/{s}" for e, s in inflight], counts=counts)
         restarts = self._live_executions() if self.mode == "restart_only" else []
         return Readiness(counts=counts, restarts=restarts)
-
-    def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        return self._export_rows(scope)
-
-    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
-        """The scope's set is built after the freeze, when the rows are listed (a subclass that
-        overrides :meth:`_export` gets the set first, as ever)."""
-        if type(self)._export is not ResourcesParticipant._export:
-            return super()._export_for(scope)
-        return self._export_rows(deferred_scope(scope))
 
     def _export_rows(self, scope: ScopeSource) -> Export:
         if self.mode == "stateless":

@@ -69,6 +69,7 @@ from ._hooks import (
 from ._idempotency import RESUMED_IDS_KEPT
 from ._lease import DEFAULT_LEASE_GRACE_SECONDS, MAX_DEADLINE_SECONDS
 from ._participant import Participant
+from ._rows_export import RowsExport
 from ._types import (
     CONTROL_SCHEMA_VERSION,
     INCARNATION_PATTERN,
@@ -127,6 +128,7 @@ __all__ = [
     "Readiness",
     "RecordBatch",
     "RecordBatches",
+    "RowsExport",
     "RestoreReply",
     "ResumeReply",
     "ScopeSource",

@@ -16,11 +16,11 @@ The sorted key order is kept between exports while the set of keys does not chan
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Generic, TypeVar, cast, overload
+from typing import Generic, TypeVar, cast
 
-from ..ids import ExecutionId
+from ..ids import ExecutionId, LazyExecutions
 from ._hooks import scope_attempts, scope_frozenset
 
 __all__ = [
@@ -36,7 +36,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class DeferredExecutions(Sequence[ExecutionId]):
+class DeferredExecutions(LazyExecutions):
     """A sorted, distinct list of executions an export computes **after** the freeze (from the
     immutable snapshot it took): built once, on first use, thread-safe. An asynchronous commit
     leaves it unbuilt in its ``frozen`` reply and lists it in the committed one."""
@@ -53,29 +53,16 @@ class DeferredExecutions(Sequence[ExecutionId]):
                 self._items, self._build = tuple(self._build()), None
             return self._items
 
+    _built = resolve
+
     @property
     def built(self) -> bool:
         return self._items is not None
 
-    @overload
-    def __getitem__(self, index: int) -> ExecutionId: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[ExecutionId]: ...
-    def __getitem__(self, index: int | slice) -> ExecutionId | Sequence[ExecutionId]:
-        return self.resolve()[index]
-
-    def __len__(self) -> int:
-        return len(self.resolve())
-
-    def __iter__(self) -> Iterator[ExecutionId]:
-        return iter(self.resolve())
-
     def __repr__(self) -> str:
-        return (
-            f"DeferredExecutions({len(self._items)})"
-            if self._items is not None
-            else "DeferredExecutions(not built)"
-        )
+        if self._items is None:
+            return "DeferredExecutions(not built)"
+        return f"DeferredExecutions({len(self._items)})"
 
 
 class ExportRows(Generic[K, V]):

@@ -27,9 +27,9 @@ from ...protocol import (
     ExportRows,
     Readiness,
     RecordBatch,
+    RowsExport,
     ScopeSource,
     WorkerTopology,
-    deferred_scope,
     execution_key,
 )
 from ...tokens import LineageStore, TokenEntry, TokenPutReceipt, TokenSink, TokenSource
@@ -53,7 +53,7 @@ __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"
 Delivery = Literal["inline", "staged"]
 
 
-class PolicyModelParticipant(CutRounds):
+class PolicyModelParticipant(RowsExport, CutRounds):
     """The policy (training-token) model server.
 
     With a ``backend``, :meth:`generate` runs a generation and returns once its response is
@@ -454,16 +454,6 @@ class PolicyModelParticipant(CutRounds):
         extra: dict[str, JsonValue] = {"token_store": self.token_sink.name}
         extra.update(self._cut_extra())
         return extra
-
-    def _export(self, scope: frozenset[ExecutionId] | None) -> Export:
-        return self._export_rows(scope)
-
-    def _export_for(self, scope: Sequence[ExecutionId] | None) -> Export:
-        """The scope's set is built after the freeze, when the rows are listed (a subclass that
-        overrides :meth:`_export` gets the set first, as ever)."""
-        if type(self)._export is not PolicyModelParticipant._export:
-            return super()._export_for(scope)
-        return self._export_rows(deferred_scope(scope))
 
     def _export_rows(self, scope: ScopeSource) -> Export:
         """Incremental: a *quiet* chain (no call in flight, no pending cut) that did not grow
