@@ -366,10 +366,34 @@ class MemberIndex:
         return md
 
     def counts(self) -> dict[str, int]:
-        """Members per kind."""
+        """Members per kind: from the row groups' statistics when each group holds one kind (the
+        writer stores them for ``kind``: a cold lookup then decodes no column to check the
+        manifest's counts), else by counting the decoded column."""
+        from_stats = self._counts_from_statistics()
+        if from_stats is not None:
+            return from_stats
         out: dict[str, int] = {}
         for row in compute("value_counts", self.column("kind")).to_pylist():
             out[str(row["values"])] = int(row["counts"])
+        return out
+
+    def _counts_from_statistics(self) -> dict[str, int] | None:
+        metadata = self._pf.metadata
+        column = self._pf.schema_arrow.get_field_index("kind")
+        out: dict[str, int] = {}
+        for rg in range(metadata.num_row_groups):
+            group = metadata.row_group(rg)
+            stats = group.column(column).statistics
+            if (
+                stats is None
+                or not stats.has_min_max
+                or not stats.has_null_count
+                or stats.null_count != 0
+                or stats.min != stats.max
+                or not isinstance(stats.min, str)
+            ):
+                return None  # a group of several kinds (or no statistics): count the column
+            out[stats.min] = out.get(stats.min, 0) + group.num_rows
         return out
 
     def shards_with(self, kind: str | None) -> set[int]:
