@@ -40,6 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# the episode summary the simple-agent example compares with (this folder is on sys.path when a
+# script in it runs)
+from nemo_gym_simple_agent import episode
+
 _CLI = "import sys; from rollout_checkpoint.cli import main; sys.argv[0] = 'rollout-checkpoint'; main()"
 _MODEL = "++policy_model.responses_api_models.checkpointed"
 # --env: the component root's shipped configs, the servers' names, the task rows
@@ -105,19 +109,6 @@ def _task_row(env: str, seed: int) -> dict[str, Any]:
     module = importlib.import_module(f"resources_servers.{env}.app")
     rows = (Path(str(module.__file__)).parent / "data" / "example.jsonl").read_text().splitlines()
     return dict(json.loads(rows[seed % len(rows)]))
-
-
-def _episode(row: dict[str, Any]) -> dict[str, Any]:
-    """What a simple-agent rollout did: tool calls, tool outputs, answers, reward."""
-    items: list[Any] = []
-    for item in row["response"]["output"]:
-        if item["type"] == "function_call":
-            items.append(["call", item["name"], item["arguments"]])
-        elif item["type"] == "function_call_output":
-            items.append(["output", item["output"]])
-        elif item["type"] == "message":
-            items.append(["text", "".join(c.get("text", "") for c in item.get("content", []))])
-    return {"items": items, "reward": row["reward"]}
 
 
 class Run:
@@ -200,7 +191,7 @@ class Run:
                 f"the uninterrupted collection exited {proc.returncode}: {log.read_text()[-1500:]}"
             )
         rows = {str(row["_ng_rollout_id"])[4:]: row for row in _lines(out)}
-        return {rid: _episode(row) for rid, row in rows.items()}
+        return {rid: episode(row) for rid, row in rows.items()}
 
     def stop(self) -> None:
         if self.launcher is not None and self.launcher.poll() is None:
@@ -292,7 +283,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seen = (
             {"reward": row["reward"], "texts": _texts(row["response"]["output"])}
             if "texts" in ref
-            else _episode(row)
+            else episode(row)
         )
         if seen == ref:
             matches += 1

@@ -191,8 +191,9 @@ class Runs:
             time.sleep(0.05)
 
 
-def _episode(body: dict[str, Any]) -> dict[str, Any]:
-    """What a rollout did, as the trainer sees it: tool calls, tool outputs, answers, reward."""
+def episode(body: dict[str, Any]) -> dict[str, Any]:
+    """What a rollout did, as the trainer sees it: tool calls, tool outputs, answers, reward
+    (``nemo_gym_eval_run.py`` compares its collections with it too)."""
     items = []
     for item in body["response"]["output"]:
         if item["type"] == "function_call":
@@ -239,7 +240,7 @@ def run(args: argparse.Namespace, work: Path, store: str) -> dict[str, Any]:
                 reply = runs.replies.get(execution, {"status": 0, "body": "no reply"})
                 if reply["status"] != 200:
                     raise RuntimeError(f"the uninterrupted run of {rollout_id} failed: {reply}")
-                reference[rollout_id] = _episode(reply["body"])
+                reference[rollout_id] = episode(reply["body"])
                 registry.finish(execution)
                 registry.hand_off(execution, {}, reward=float(reply["body"]["reward"]))
             coordinator.retire(refs.values())  # Gym's /run leaves the tool server's session open
@@ -347,10 +348,10 @@ def _summary(
                 and c["attempt"] == attempt
                 and int(str(c["call_id"]).rsplit("-", 1)[-1]) <= restored_turn
             )
-        if _episode(body) == reference[rollout_id]:
+        if episode(body) == reference[rollout_id]:
             matches += 1
         else:
-            failures.append(f"{rollout_id} differs from the uninterrupted run: {_episode(body)}")
+            failures.append(f"{rollout_id} differs from the uninterrupted run: {episode(body)}")
     if repeated_models or repeated_tools:
         failures.append(f"repeated model calls {repeated_models}, tool calls {repeated_tools}")
     shown = {

@@ -167,7 +167,7 @@ def test_the_freeze_rebuilds_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
     dep = Deployment(20)
     built = {"agent": 0, "model": 0}
     chunked = dep.agent._chunked
-    fragment = model_module._fragment
+    fragment = model_module.chain_fragment
 
     def count_chunked(run: Any) -> Any:
         built["agent"] += 1
@@ -178,7 +178,7 @@ def test_the_freeze_rebuilds_only_what_changed(monkeypatch: pytest.MonkeyPatch) 
         return fragment(*args)
 
     monkeypatch.setattr(dep.agent, "_chunked", count_chunked)
-    monkeypatch.setattr(model_module, "_fragment", count_fragment)
+    monkeypatch.setattr(model_module, "chain_fragment", count_fragment)
     try:
         dep.coordinator.checkpoint("ck-0")
         assert built == {"agent": 20, "model": 20}  # the first export builds every row

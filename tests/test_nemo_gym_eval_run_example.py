@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,13 +28,19 @@ KEYS = ("ok", "failures", "demonstrated", "not_demonstrated", "rollouts", "compl
         "exit_75_seen")  # fmt: skip
 
 
-def test_a_killed_model_server_under_gyms_collection_ends_as_uninterrupted() -> None:
+def _run_example(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run the example with ``args`` (and ``--json``): the process and its summary (last line)."""
     out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "nemo_gym_eval_run.py"), "--kill", "model",
-         "--rollouts", "4", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+        [sys.executable, str(REPO / "examples" / "nemo_gym_eval_run.py"), *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return out, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_killed_model_server_under_gyms_collection_ends_as_uninterrupted() -> None:
+    out, summary = _run_example("--kill", "model", "--rollouts", "4")
     workdir = summary["workdir"]
     try:
         assert out.returncode == 0 and summary["ok"], (summary, out.stderr[-2000:])
@@ -55,12 +62,7 @@ def test_gyms_simple_agent_preempted_under_gyms_collection_ends_as_the_uninterru
     server; an uninterrupted collection first, then the collection SIGTERMed mid-episode (exit 75)
     and the same command again, which restores only because the first collection retired its
     handed-off rows at the servers; every row as in the uninterrupted collection."""
-    out = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "nemo_gym_eval_run.py"), "--env",
-         "example_session_state_mgmt", "--kill", "sigterm", "--rollouts", "2", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    out, summary = _run_example("--env", "example_session_state_mgmt", "--kill", "sigterm", "--rollouts", "2")
     workdir = summary["workdir"]
     try:
         assert out.returncode == 0 and summary["ok"], (summary, out.stderr[-2000:])

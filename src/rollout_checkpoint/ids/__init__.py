@@ -23,11 +23,13 @@ if TYPE_CHECKING:
         unpack_executions,
     )
     from ._models import CheckpointId, ExecutionId, Identifier
+    from ._scope_memo import ScopeMemo
 
 __getattr__ = lazy_getattr(
     __name__,
     {
         **dict.fromkeys(("CheckpointId", "ExecutionId", "Identifier"), "._models"),
+        "ScopeMemo": "._scope_memo",
         **dict.fromkeys(
             (
                 "LazyExecutions",
@@ -51,6 +53,7 @@ __all__ = [
     "Identifier",
     "LazyExecutions",
     "PackedExecutions",
+    "ScopeMemo",
     "check_packed",
     "checked_pairs",
     "execution_ids",

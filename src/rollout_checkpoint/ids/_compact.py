@@ -11,14 +11,15 @@ manifest's ``extra`` holds. Anything else is a typed error naming the first bad 
 
 from __future__ import annotations
 
+import abc
 import re
-import threading
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, overload
 
 from ..errors import InvalidIdentifierError, InvalidValueError
 from ._keys import ID_MAX_LENGTH, validate_id
 from ._models import ExecutionId
+from ._scope_memo import ScopeMemo
 
 __all__ = [
     "LazyExecutions",
@@ -38,23 +39,20 @@ _IDS = re.compile(rf"(?:{_ID}\n)*")
 
 def pack_executions(executions: Iterable[ExecutionId]) -> list[str]:
     """``["rollout_id#attempt", ...]`` in the given order (a :class:`PackedExecutions` hands on
-    the strings it holds: a hop that forwards a scope never unpacks it)."""
-    global _packed_memo
+    the strings it holds: a hop that forwards a scope never unpacks it; a scope tuple is packed
+    once for every remote participant it is sent to)."""
     if isinstance(executions, PackedExecutions):
         return executions.packed
-    if not isinstance(executions, tuple):
-        return [f"{e.rollout_id}#{e.attempt}" for e in executions]
-    with _packed_lock:  # a coordinator sends its one scope tuple to every remote participant
-        memo = _packed_memo
-        if memo is not None and memo[0] is executions:
-            return memo[1]
-        packed = [f"{e.rollout_id}#{e.attempt}" for e in executions]
-        _packed_memo = (executions, packed)  # kept alive by the memo: its id is not reused
-        return packed
+    if isinstance(executions, tuple):
+        return _packed_scope(executions)
+    return _pack(executions)
 
 
-_packed_memo: tuple[tuple[ExecutionId, ...], list[str]] | None = None
-_packed_lock = threading.Lock()
+def _pack(executions: Iterable[ExecutionId]) -> list[str]:
+    return [f"{e.rollout_id}#{e.attempt}" for e in executions]
+
+
+_packed_scope = ScopeMemo(_pack)
 
 
 class LazyExecutions(Sequence[ExecutionId]):
@@ -63,8 +61,9 @@ class LazyExecutions(Sequence[ExecutionId]):
 
     __slots__ = ()
 
+    @abc.abstractmethod
     def _built(self) -> Sequence[ExecutionId]:
-        raise NotImplementedError
+        """The executions (built on the first call, the same ones after)."""
 
     @overload
     def __getitem__(self, index: int) -> ExecutionId: ...

@@ -215,7 +215,7 @@ class AgentParticipant(RowsExport):
         sealed = None
         if self.incremental_commits:  # format 2: the chunks a commit would seal, sealed here
             base = () if known is None else known.chunks
-            if base and (known is None or not _extends(saved, known.saved, base[-1].end)):
+            if base and not _extends(saved, None if known is None else known.saved, base[-1].end):
                 base = ()  # the history was rewritten: sealed afresh (as the lock's check finds)
             sealed = (saved, base, seal_chunks(saved, base, self.max_chunks))
             payload = saved.chunked_payload(sealed[2], None)
@@ -229,10 +229,7 @@ class AgentParticipant(RowsExport):
                     f"{execution}: boundary_index {record.boundary_index} does not advance past "
                     f"{run.saved.boundary_index}"
                 )
-            if run.chunks and (
-                run.saved is None
-                or saved.items[: run.chunks[-1].end] != run.saved.items[: run.chunks[-1].end]
-            ):
+            if run.chunks and not _extends(saved, run.saved, run.chunks[-1].end):
                 run.chunks = ()  # the history was rewritten, not extended: chunk it afresh
             run.saved = saved
             # kept only if sealed on top of the chunks the run holds (a commit or a rewrite of

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Generic, TypeVar, cast
 
 from ..ids import ExecutionId, LazyExecutions
-from ._hooks import scope_attempts, scope_frozenset
+from ._hooks import in_scope_items, scope_frozenset
 
 __all__ = [
     "DeferredExecutions",
@@ -98,12 +98,6 @@ class ExportRows(Generic[K, V]):
             self._version += 1
         self._rows = {}
 
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._rows
-
     def freeze(self, scope: ScopeSource) -> FrozenRows[K, V]:
         """An immutable snapshot of the rows in ``scope`` (filtered and sorted on first use;
         ``scope`` may be a function giving the set, called then: see :func:`deferred_scope`)."""
@@ -119,6 +113,11 @@ class ExportRows(Generic[K, V]):
 
 
 _MISSING = object()
+
+
+def _itself(execution: ExecutionId) -> ExecutionId:  # keys that are executions
+    return execution
+
 
 ScopeSource = frozenset[ExecutionId] | None | Callable[[], frozenset[ExecutionId] | None]
 """A commit's scope as an export takes it: the set, ``None`` (all), or a function giving it."""
@@ -159,23 +158,11 @@ class FrozenRows(Generic[K, V]):
     def _in_scope(self, keys: list[K]) -> list[K]:
         scope = resolve_scope(self._scope)
         if scope is None:
-            return keys
+            return keys  # every key: the sorted order itself, not a copy
         of = self._owner._execution_of
-        attempts = scope_attempts(scope)
         if of is None:  # the keys are executions
-            if attempts is None:
-                return [k for k in keys if k in scope]
-            get = attempts.get
-            return [k for k in keys if get(k.rollout_id) == k.attempt]  # type: ignore[attr-defined]
-        if attempts is None:
-            return [k for k in keys if of(k) in scope]
-        get = attempts.get
-        out = []
-        for k in keys:
-            e = of(k)
-            if get(e.rollout_id) == e.attempt:
-                out.append(k)
-        return out
+            of = cast(Callable[[K], ExecutionId], _itself)
+        return in_scope_items(scope, keys, of)
 
     def executions(self) -> DeferredExecutions:
         """The distinct executions of the kept keys, in order (built on first use)."""

@@ -6,12 +6,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, TypeVar
 
 from ..errors import InvalidRecordError
 from ..format.columnar import RecordBatch, RecordBatches
 from ..format.records import Record
-from ..ids import ExecutionId
+from ..ids import ExecutionId, ScopeMemo
 
 __all__ = [
     "BLOCKERS_REPORTED",
@@ -137,20 +138,31 @@ def scope_test(scope: frozenset[ExecutionId] | None) -> Callable[[ExecutionId], 
     return test
 
 
-_Item = TypeVar("_Item", bound=tuple[Any, ...])
+_Item = TypeVar("_Item")
+_first: Any = itemgetter(0)  # an item's first element: its execution, by default
 
 
-def in_scope_items(scope: frozenset[ExecutionId] | None, items: Sequence[_Item]) -> list[_Item]:
-    """The items (tuples whose first element is an :class:`ExecutionId`) whose execution is in
-    ``scope``, in order: one pass, the rollout id looked up in the scope's index (no call and
-    no execution-id hash per item: an export filters every live execution with it)."""
+def in_scope_items(
+    scope: frozenset[ExecutionId] | None,
+    items: Sequence[_Item],
+    execution_of: Callable[[_Item], ExecutionId] | None = None,
+) -> list[_Item]:
+    """The items whose execution (``execution_of(item)``; by default the item's first element)
+    is in ``scope``, in order: one pass, the rollout id looked up in the scope's index (no
+    execution-id hash per item: an export filters every live execution with it)."""
     if scope is None:
         return list(items)
+    of: Callable[[_Item], ExecutionId] = _first if execution_of is None else execution_of
     attempts = scope_attempts(scope)
     if attempts is None:
-        return [item for item in items if item[0] in scope]
+        return [item for item in items if of(item) in scope]
     get = attempts.get
-    return [item for item in items if get(item[0].rollout_id) == item[0].attempt]
+    out = []
+    for item in items:
+        execution = of(item)
+        if get(execution.rollout_id) == execution.attempt:
+            out.append(item)
+    return out
 
 
 def scope_attempts(scope: frozenset[ExecutionId]) -> dict[str, int] | None:
@@ -180,27 +192,17 @@ def wrong_kind(record: Record, expected: str) -> InvalidRecordError:
     )
 
 
-_scope_memo: tuple[Sequence[ExecutionId], frozenset[ExecutionId]] | None = None
-_scope_lock = threading.Lock()
+_frozen_scope: ScopeMemo[frozenset[ExecutionId]] = ScopeMemo(frozenset)
 
 
 def scope_frozenset(scope: Sequence[ExecutionId] | None) -> frozenset[ExecutionId] | None:
     """``frozenset(scope)``, built once for the participants of one process that commit the same
     scope **tuple** (a coordinator hands every in-process participant its one tuple of live
-    executions: hashing 100,000 of them three times was a measurable part of the pause). Only
-    a tuple is memoized, by identity: it cannot change, and the memo keeps it alive, so its id
-    is not reused meanwhile."""
-    global _scope_memo
+    executions: hashing 100,000 of them three times was a measurable part of the pause)."""
     if scope is None:
         return None
     if isinstance(scope, frozenset):
         return scope
-    if not isinstance(scope, tuple):
-        return frozenset(scope)
-    with _scope_lock:  # held while building: the participants committing it wait for one build
-        memo = _scope_memo
-        if memo is not None and memo[0] is scope:
-            return memo[1]
-        built = frozenset(scope)
-        _scope_memo = (scope, built)
-        return built
+    if isinstance(scope, tuple):
+        return _frozen_scope(scope)
+    return frozenset(scope)

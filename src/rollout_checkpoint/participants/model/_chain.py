@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from ...errors import CheckpointError, InvalidRecordError
 from ...format.records import GenerationCut, ModelCallLineageRecord, Record, TokenStoreReceipt
@@ -18,7 +18,7 @@ from ...tokens import TokenPutReceipt, TokenSource
 from ..generation import InlinePrefix, StagedPrefix
 from ._cuts import check_cut_evidence
 
-__all__ = ["Chain", "PendingCut", "chains_from_records", "ordered_chain"]
+__all__ = ["Chain", "Chains", "PendingCut", "chains_from_records", "ordered_chain"]
 
 
 @dataclass(frozen=True)
@@ -201,3 +201,43 @@ def _pending(
         else:
             prefix = StagedPrefix(cut.receipt_key, cut.prefix_token_count, cut.prefix_digest)
     return PendingCut(lineage.call_id, lineage.policy_version, cut, receipt, prefix, prompt)
+
+
+class Chains(dict[ExecutionId, Chain]):
+    """The participant's chains; ``touched`` collects every execution whose chain was added,
+    removed or replaced (the participant adds those whose chain it changed), so the next export
+    looks at those only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.touched: set[ExecutionId] = set()
+
+    def __setitem__(self, key: ExecutionId, value: Chain) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: ExecutionId) -> None:
+        self.touched.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: ExecutionId, *default: Any) -> Any:
+        self.touched.add(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[ExecutionId, Chain]:
+        key, value = super().popitem()
+        self.touched.add(key)
+        return key, value
+
+    def clear(self) -> None:
+        self.touched.update(self)
+        super().clear()
+
+    def setdefault(self, key: ExecutionId, default: Any = None) -> Any:
+        self.touched.add(key)
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        other = dict(*args, **kwargs)
+        self.touched.update(other)
+        super().update(other)

@@ -22,7 +22,9 @@ from ._cuts import CutAcknowledgement
 
 __all__ = [
     "NO_PENDING",
+    "Fragment",
     "ReceiptColumns",
+    "chain_fragment",
     "lineage_batch",
     "lineage_doc",
     "lineage_payload",
@@ -180,3 +182,60 @@ def pending_calls(
         elif ticket.pending is not None:  # not cut again: its restored cut still stands
             pending[call_id] = (ticket.policy_version, ticket.pending.cut, None)
     return pending
+
+
+Fragment = tuple[
+    Chain,
+    int,
+    tuple[ModelCallLineageRecord, ...],
+    tuple[bytes | None, ...],
+    tuple[tuple[ExecutionId, str, str, int, str], ...],
+]
+"""What an export takes of one chain: ``(chain, calls at the time, lineage records, their
+payloads (``None``: encoded with the batch), token receipts (execution, key, digest, length,
+snapshot id))``, all immutable."""
+
+
+def chain_fragment(execution: ExecutionId, chain: Chain, snapshot_id: str, pending: Pending) -> Fragment:
+    """The chain's fragment now. Its delivered calls are append-only and what an export takes
+    of each is fixed when first taken, so a quiet fragment the chain kept (``chain.fragment``)
+    is a prefix of it: only the calls delivered since are read (a long chain that grew by one
+    call costs one call, not its length)."""
+    base: Fragment | None = chain.fragment  # type: ignore[assignment]
+    if base is None or base[0] is not chain or base[1] > len(chain.calls):
+        base = None
+    done = 0 if base is None else base[1]
+    lineage: list[ModelCallLineageRecord] = [] if base is None else list(base[2])
+    encoded: list[bytes | None] = [] if base is None else list(base[3])
+    receipts: list[tuple[ExecutionId, str, str, int, str]] = [] if base is None else list(base[4])
+    for call in chain.calls[done:] if done else chain.calls:
+        put = chain.receipts[call.call_id]
+        lineage.append(call)
+        encoded.append(chain.encoded.get(call.call_id))
+        receipts.append(
+            (execution, put.key, put.digest, put.length, chain.receipt_snapshot(put.key, snapshot_id))
+        )
+    for call_id, (version, cut, continued) in sorted(pending.items()):
+        lineage.append(
+            ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
+                rollout_id=execution.rollout_id,
+                attempt=execution.attempt,
+                call_id=call_id,
+                parent_call_id=chain.tip,
+                policy_version=version,
+                token_key=cut.receipt_key,
+                cut=cut,
+                continued_from=continued,
+            )
+        )
+        encoded.append(None)
+        receipts.append(
+            (
+                execution,
+                cut.receipt_key,
+                cut.receipt_digest,
+                cut.receipt_length,
+                chain.receipt_snapshot(cut.receipt_key, snapshot_id),
+            )
+        )
+    return (chain, len(chain.calls), tuple(lineage), tuple(encoded), tuple(receipts))

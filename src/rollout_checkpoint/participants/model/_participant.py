@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from pydantic import JsonValue
 
@@ -44,9 +44,17 @@ from ._calls import (
     check_token_ids,
     token_entry,
 )
-from ._chain import Chain, chains_from_records
+from ._chain import Chain, Chains, chains_from_records
 from ._cutting import CutRounds
-from ._export import NO_PENDING, Pending, ReceiptColumns, lineage_batch, lineage_payload, pending_calls
+from ._export import (
+    NO_PENDING,
+    Fragment,
+    ReceiptColumns,
+    chain_fragment,
+    lineage_batch,
+    lineage_payload,
+    pending_calls,
+)
 
 __all__ = ["Delivery", "GenerationResult", "ModelCall", "PolicyModelParticipant"]
 
@@ -111,7 +119,7 @@ class PolicyModelParticipant(RowsExport, CutRounds):
         self.policy_version = check_policy_version(policy_version)
         self.worker = validate_id(worker, "worker")
         self.lineage_store = lineage_store
-        self._chains: dict[ExecutionId, Chain] = _Chains()
+        self._chains: dict[ExecutionId, Chain] = Chains()
         # The export, kept up to date incrementally (see ``_export``): each exported chain's
         # fragment, and the chains that were not quiet at the last export (looked at again).
         self._rows: ExportRows[ExecutionId, Fragment] = ExportRows(execution_key)
@@ -388,7 +396,7 @@ class PolicyModelParticipant(RowsExport, CutRounds):
 
     def _touch(self, execution: ExecutionId) -> None:
         """Lock held: the chain of ``execution`` changed; the next export looks at it again."""
-        cast(_Chains, self._chains).touched.add(execution)
+        cast(Chains, self._chains).touched.add(execution)
 
     def _forget_if_empty(self, execution: ExecutionId, chain: Chain) -> None:
         if self._chains.get(execution) is chain and not (chain.calls or chain.inflight or chain.pending):
@@ -466,7 +474,7 @@ class PolicyModelParticipant(RowsExport, CutRounds):
         if snapshot_id is None:  # commit exports only while its checkpoint is active
             raise InvalidPhaseError("model lineage is exported only during a commit")
         durable = self._durable_cuts()
-        chains = cast(_Chains, self._chains)
+        chains = cast(Chains, self._chains)
         rows = self._rows
         examine: list[tuple[ExecutionId, Chain | None]]
         if self._rows_built:  # what changed since the last export, and what was not quiet then
@@ -487,7 +495,7 @@ class PolicyModelParticipant(RowsExport, CutRounds):
                     if not chain.calls:
                         rows.discard(execution)
                         continue
-                    fragment = chain.fragment = _fragment(execution, chain, snapshot_id, NO_PENDING)
+                    fragment = chain.fragment = chain_fragment(execution, chain, snapshot_id, NO_PENDING)
                 rows.set(execution, fragment)
         nonquiet.sort(key=lambda p: execution_key(p[0]))  # an undelivered call's error: the first
         for execution, chain in nonquiet:
@@ -495,7 +503,7 @@ class PolicyModelParticipant(RowsExport, CutRounds):
             if not chain.calls and not pending:
                 rows.discard(execution)
             else:
-                rows.set(execution, _fragment(execution, chain, snapshot_id, pending))
+                rows.set(execution, chain_fragment(execution, chain, snapshot_id, pending))
         chains.touched = set()
         self._nonquiet = {execution for execution, _ in nonquiet}
         self._rows_built = True
@@ -539,100 +547,3 @@ class PolicyModelParticipant(RowsExport, CutRounds):
                         ticket.generation.cancel()
             if self.lineage_store is not None:
                 self.lineage_store.drop(execution)
-
-
-Fragment = tuple[
-    Chain,
-    int,
-    tuple[ModelCallLineageRecord, ...],
-    tuple[bytes | None, ...],
-    tuple[tuple[ExecutionId, str, str, int, str], ...],
-]
-"""What an export takes of one chain: ``(chain, calls at the time, lineage records, their
-payloads (``None``: encoded with the batch), token receipts (execution, key, digest, length,
-snapshot id))``, all immutable."""
-
-
-def _fragment(execution: ExecutionId, chain: Chain, snapshot_id: str, pending: Pending) -> Fragment:
-    """The chain's fragment now. Its delivered calls are append-only and what an export takes
-    of each is fixed when first taken, so a quiet fragment the chain kept (``chain.fragment``)
-    is a prefix of it: only the calls delivered since are read (a long chain that grew by one
-    call costs one call, not its length)."""
-    base: Fragment | None = chain.fragment  # type: ignore[assignment]
-    if base is None or base[0] is not chain or base[1] > len(chain.calls):
-        base = None
-    done = 0 if base is None else base[1]
-    lineage: list[ModelCallLineageRecord] = [] if base is None else list(base[2])
-    encoded: list[bytes | None] = [] if base is None else list(base[3])
-    receipts: list[tuple[ExecutionId, str, str, int, str]] = [] if base is None else list(base[4])
-    for call in chain.calls[done:] if done else chain.calls:
-        put = chain.receipts[call.call_id]
-        lineage.append(call)
-        encoded.append(chain.encoded.get(call.call_id))
-        receipts.append(
-            (execution, put.key, put.digest, put.length, chain.receipt_snapshot(put.key, snapshot_id))
-        )
-    for call_id, (version, cut, continued) in sorted(pending.items()):
-        lineage.append(
-            ModelCallLineageRecord(  # few (undelivered calls): built and checked as a model
-                rollout_id=execution.rollout_id,
-                attempt=execution.attempt,
-                call_id=call_id,
-                parent_call_id=chain.tip,
-                policy_version=version,
-                token_key=cut.receipt_key,
-                cut=cut,
-                continued_from=continued,
-            )
-        )
-        encoded.append(None)
-        receipts.append(
-            (
-                execution,
-                cut.receipt_key,
-                cut.receipt_digest,
-                cut.receipt_length,
-                chain.receipt_snapshot(cut.receipt_key, snapshot_id),
-            )
-        )
-    return (chain, len(chain.calls), tuple(lineage), tuple(encoded), tuple(receipts))
-
-
-class _Chains(dict[ExecutionId, Chain]):
-    """The participant's chains; ``touched`` collects every execution whose chain was added,
-    removed or replaced (the participant adds those whose chain it changed), so the next export
-    looks at those only."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.touched: set[ExecutionId] = set()
-
-    def __setitem__(self, key: ExecutionId, value: Chain) -> None:
-        self.touched.add(key)
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: ExecutionId) -> None:
-        self.touched.add(key)
-        super().__delitem__(key)
-
-    def pop(self, key: ExecutionId, *default: Any) -> Any:
-        self.touched.add(key)
-        return super().pop(key, *default)
-
-    def popitem(self) -> tuple[ExecutionId, Chain]:
-        key, value = super().popitem()
-        self.touched.add(key)
-        return key, value
-
-    def clear(self) -> None:
-        self.touched.update(self)
-        super().clear()
-
-    def setdefault(self, key: ExecutionId, default: Any = None) -> Any:
-        self.touched.add(key)
-        return super().setdefault(key, default)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        other = dict(*args, **kwargs)
-        self.touched.update(other)
-        super().update(other)
