@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # top to bottom; names in one tuple mus
     ("archive",),
     ("store",),
     ("ids", "telemetry"),
-    ("errors", "_lazy"),
+    ("errors", "_lazy", "_runtime"),
 )
 ROOT_MODULES = {"__init__", "errors", "_lazy"}  # the facade plus base modules; everything else is a package
 

@@ -32,6 +32,12 @@ class ArchiveReader(RawArchiveReader):
         raw = self.get_raw(kind, rollout_id, attempt, key)
         return decode_record(raw.kind, raw.payload)
 
+    def prepare_member_columns(self) -> None:
+        """Fetch, digest-check and decode the index columns :meth:`member_columns` reads (it
+        does this itself when not done): a bulk reader runs it for the next archives on other
+        threads while it converts this one, since Arrow decodes without holding the GIL."""
+        self._member_index().load("kind", *MEMBER_COLUMNS)
+
     def member_columns(self, wanted: Mapping[str, Sequence[str]]) -> dict[str, dict[str, list[Any]]]:
         """The members by kind, as Python lists of index columns, from the index only (no shard
         is read): per kind the stored members in write order, then (version 2) the referenced

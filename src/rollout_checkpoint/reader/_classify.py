@@ -7,8 +7,8 @@ import json
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
-from typing import Any
+from itertools import islice, repeat
+from typing import Any, cast
 
 import orjson
 from pydantic import JsonValue
@@ -18,6 +18,7 @@ from ..format.manifests import ComponentRef
 from ..format.record_reader import ArchiveReader
 from ..registry import REGISTRY_INSTANCE, REGISTRY_KIND
 from ._cut_checks import cut_lineage_problem, cut_receipt_conflicts
+from ._prefetch import IndexPrefetch
 from ._reconcile import RESOURCE_KINDS, lineage_past_boundary, resources_disagree
 from ._rollouts import DISPOSITIONS, Disposition, RolloutPlan, RolloutPlans
 
@@ -145,8 +146,8 @@ def _parse_all(texts: list[str | None]) -> None:
 
 
 _CACHE_LIMIT = 4096
-"""Distinct refs texts of dispatch records remembered while classifying (they are few: a state
-and a flag), so a million dispatch records parse a handful of JSON texts."""
+"""Distinct refs texts of dispatch records parsed once each (they are few: a state and a flag),
+so a million dispatch records parse a handful of JSON texts; past it, each is parsed."""
 
 
 def classify(
@@ -176,8 +177,28 @@ def classify(
         for rollout_id, mark in comp.tombstones.items():
             tombstones[rollout_id] = max(tombstones.get(rollout_id, -1), mark)
 
+    participants = [comp for comp in summaries if comp.ref.role == "participant"]
+    order = [readers[(REGISTRY_KIND, REGISTRY_INSTANCE)]] + [
+        readers[(c.kind, c.instance)] for c in participants
+    ]
+    with IndexPrefetch(order) as ahead:
+        return _classify(cid, order, ahead, participants, restarts, tombstones, snapshot)
+
+
+def _classify(
+    cid: str,
+    order: Sequence[ArchiveReader],
+    ahead: IndexPrefetch,
+    participants: Sequence[ComponentSummary],
+    restarts: dict[Execution, str],
+    tombstones: dict[str, int],
+    snapshot: TokenSnapshotView | None,
+) -> RolloutPlans:
+    """:func:`classify` once the declarations passed: ``order`` is the registry's reader, then
+    each of ``participants``' in turn, prepared ahead by ``ahead``."""
     # -- the registry: dispatched executions and acknowledged results -----------------------------
-    by_kind = _columns(readers[(REGISTRY_KIND, REGISTRY_INSTANCE)], cid, _REGISTRY_COLUMNS)
+    ahead.ready(0)
+    by_kind = _columns(order[0], cid, _REGISTRY_COLUMNS)
     none: dict[str, list[Any]] = {"rollout_id": [], "attempt": [], "refs": []}
     dispatch = by_kind.pop("dispatch", none)
     ids, attempts, texts = dispatch["rollout_id"], dispatch["attempt"], dispatch["refs"]
@@ -204,34 +225,20 @@ def classify(
     instances: dict[str, int] = {}  # resources instance -> how many components carry that name
     lineage: dict[Execution, dict[str, dict[str, Any]]] = {}
     receipts: dict[Execution, dict[str, dict[str, Any]]] = {}
-    for comp in summaries:
-        if comp.ref.role == "participant" and comp.kind in RESOURCE_KINDS:
+    for comp in participants:
+        if comp.kind in RESOURCE_KINDS:
             instances[comp.instance] = instances.get(comp.instance, 0) + 1
-    for comp in summaries:
-        if comp.ref.role != "participant":
-            continue
+    for position, comp in enumerate(participants, start=1):
         instance = comp.instance
-        by_kind = _columns(readers[(comp.kind, instance)], cid, _PARTICIPANT_COLUMNS)
+        ahead.ready(position)
+        by_kind = _columns(order[position], cid, _PARTICIPANT_COLUMNS)
         for kind, c in by_kind.items():
             if kind == "agent_boundary":
-                for rollout_id, attempt, revision, text in zip(
-                    c["rollout_id"], c["attempt"], c["revision"], c["refs"], strict=True
-                ):
-                    ex = (rollout_id, attempt)
-                    rev = revision if revision is not None else -1
-                    best = boundaries.get(ex)
-                    if best is None or rev > best[0]:
-                        boundaries[ex] = (rev, text)
-                        if best is not None:
-                            _loads(best[1])
-                    else:
-                        _loads(text)
+                _add_boundaries(boundaries, c)
             elif kind == "resource_snapshot":
                 _parse_all(c["refs"])
-                for rollout_id, attempt, key, revision in zip(
-                    c["rollout_id"], c["attempt"], c["key"], c["revision"], strict=True
-                ):
-                    resources[(rollout_id, attempt, instance, key)] = revision if revision is not None else -1
+                keys = zip(c["rollout_id"], c["attempt"], repeat(instance), c["key"], strict=False)
+                resources.update(zip(keys, _revisions(c["revision"]), strict=True))  # the last row wins
             elif kind in ("model_lineage", "token_receipt"):
                 held = lineage if kind == "model_lineage" else receipts
                 for rollout_id, attempt, key, text in zip(
@@ -254,26 +261,29 @@ def classify(
 
     # -- one disposition per dispatched execution, in rollout-id order ------------------------------
     plain = not acknowledged and not restarts and not tombstones
-    parsed: dict[str | None, tuple[str, bool]] = {}
-    out_ids: list[str] = []
-    out_attempts: list[int] = []
+    flags = _dispatch_flags(texts)
+    if not ascending:
+        ranked = sorted(range(len(ids)), key=ids.__getitem__)
+        ids, attempts, flags = (
+            [ids[i] for i in ranked],
+            [attempts[i] for i in ranked],
+            [flags[i] for i in ranked],
+        )
     out_dispositions: list[Disposition] = []
     out_reasons: list[str] = []
-    out_states: list[str] = []
-    out_restart_only: list[bool] = []
-    for i in range(len(ids)) if ascending else sorted(range(len(ids)), key=ids.__getitem__):
-        rollout_id, attempt, text = ids[i], attempts[i], texts[i]
-        flags = parsed.get(text)
-        if flags is None:
-            refs = _loads(text) or {}
-            flags = (str(refs.get("state")), bool(refs.get("restart_only")))
-            if len(parsed) < _CACHE_LIMIT:
-                parsed[text] = flags
-        state, restart_only = flags
+    disposition: Disposition
+    for rollout_id, attempt, (state, restart_only) in zip(ids, attempts, flags, strict=True):
         ex = (rollout_id, attempt)
         boundary = boundaries.pop(ex, None)
-        named: dict[str, Any] | None = None if boundary is None else (_loads(boundary[1]) or {})
-        disposition: Disposition
+        named: dict[str, Any] | None = None
+        if boundary is not None:
+            text = boundary[1]
+            try:
+                named = orjson.loads(text) if text is not None else None
+            except orjson.JSONDecodeError:
+                named = _loads(text)
+            if not named:
+                named = {}
         if (
             plain
             and named is not None
@@ -301,15 +311,55 @@ def classify(
                 lineage,
                 receipts,
             )
-        out_ids.append(rollout_id)
-        out_attempts.append(attempt)
         out_dispositions.append(disposition)
         out_reasons.append(reason)
-        out_states.append(state)
-        out_restart_only.append(restart_only)
     for _, text in boundaries.values():  # boundaries of executions no dispatch names
         _loads(text)
-    return RolloutPlans(out_ids, out_attempts, out_dispositions, out_reasons, out_states, out_restart_only)
+    states = [state for state, _ in flags]
+    restart_only_flags = [restart_only for _, restart_only in flags]
+    return RolloutPlans(
+        ids, attempts, out_dispositions, out_reasons, states, restart_only_flags, ordered=True
+    )
+
+
+def _dispatch_flags(texts: list[str | None]) -> list[tuple[str, bool]]:
+    """``(state, restart_only)`` of each dispatch's refs text. The texts are few and shared (a
+    state and a flag): each distinct one is parsed once, in the order it first appears."""
+    distinct = dict.fromkeys(texts)
+    if len(distinct) > _CACHE_LIMIT:
+        return [_flags(text) for text in texts]
+    table = {text: _flags(text) for text in distinct}
+    return list(map(table.__getitem__, texts))
+
+
+def _flags(text: str | None) -> tuple[str, bool]:
+    refs = _loads(text) or {}
+    return (str(refs.get("state")), bool(refs.get("restart_only")))
+
+
+def _revisions(revisions: list[int | None]) -> list[int]:
+    """Revisions with a missing one as -1 (older than any stored)."""
+    if None not in revisions:
+        return cast(list[int], revisions)
+    return [-1 if r is None else r for r in revisions]
+
+
+def _add_boundaries(boundaries: dict[Execution, tuple[int, str | None]], c: Mapping[str, list[Any]]) -> None:
+    """Keep the newest agent boundary of each execution (a missing revision counts as -1); the
+    refs text of every older one is parsed here (a malformed one fails the load)."""
+    keys = list(zip(c["rollout_id"], c["attempt"], strict=True))
+    newest = dict(zip(keys, zip(_revisions(c["revision"]), c["refs"], strict=True), strict=True))
+    if len(newest) == len(keys) and boundaries.keys().isdisjoint(newest):
+        boundaries.update(newest)  # one boundary per execution, none seen before: the common case
+        return
+    for ex, (rev, text) in zip(keys, zip(_revisions(c["revision"]), c["refs"], strict=True), strict=True):
+        best = boundaries.get(ex)
+        if best is None or rev > best[0]:
+            boundaries[ex] = (rev, text)
+            if best is not None:
+                _loads(best[1])
+        else:
+            _loads(text)
 
 
 def _check_receipt(

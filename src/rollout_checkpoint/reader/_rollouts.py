@@ -71,8 +71,11 @@ class RolloutPlans(Mapping[str, RolloutPlan]):
         reasons: list[str],
         states: list[str],
         restart_only: list[bool],
+        *,
+        ordered: bool = False,
     ) -> None:
-        """Parallel lists, one entry per rollout, ``rollout_ids`` sorted and unique (checked)."""
+        """Parallel lists, one entry per rollout, ``rollout_ids`` sorted and unique (checked,
+        unless the caller says with ``ordered`` that it checked them itself)."""
         if (
             not len(rollout_ids)
             == len(attempts)
@@ -82,7 +85,7 @@ class RolloutPlans(Mapping[str, RolloutPlan]):
             == len(restart_only)
         ):
             raise ValueError("RolloutPlans: columns of different lengths")
-        if any(a >= b for a, b in pairwise(rollout_ids)):
+        if not ordered and any(a >= b for a, b in pairwise(rollout_ids)):
             raise ValueError("RolloutPlans: rollout ids must be sorted and unique")
         self._ids = rollout_ids
         self._attempts = attempts
