@@ -1,6 +1,7 @@
-"""The bulk paths of ``load_checkpoint``: the cycle collector paused around a load, member
-indexes prepared ahead on worker threads, and classification's column-at-a-time steps (newest
-boundary across components, an unsorted registry, many distinct dispatch texts)."""
+"""The bulk paths of ``load_checkpoint``: the cycle collector paused around a load (the pause
+itself: ``test_gc_pause.py``), member indexes prepared ahead on worker threads, and
+classification's column-at-a-time steps (newest boundary across components, an unsorted
+registry, many distinct dispatch texts)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import Any
 import pytest
 
 from _protocol_fakes import Deployment, FakeTokens
-from rollout_checkpoint._runtime import gc_paused
 from rollout_checkpoint.errors import CheckpointRejectedError
 from rollout_checkpoint.format.commit_log import read_record
 from rollout_checkpoint.format.manifests import ComponentRef, ObjectRef
@@ -32,60 +32,6 @@ def collector_enabled() -> Iterator[None]:
         gc.enable()
     else:
         gc.disable()
-
-
-# -- gc_paused ------------------------------------------------------------------------------------
-
-
-def test_gc_paused_nests_and_restores_the_collector(collector_enabled: None) -> None:
-    with gc_paused():
-        assert not gc.isenabled()
-        with gc_paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # the outer pause still holds
-    assert gc.isenabled()
-
-
-def test_gc_paused_leaves_a_disabled_collector_disabled(collector_enabled: None) -> None:
-    gc.disable()
-    with gc_paused():
-        assert not gc.isenabled()
-    assert not gc.isenabled()
-
-
-def test_gc_paused_restores_after_an_error(collector_enabled: None) -> None:
-    with pytest.raises(RuntimeError), gc_paused():
-        raise RuntimeError("boom")
-    assert gc.isenabled()
-
-
-def test_concurrent_pauses_end_with_the_last(collector_enabled: None) -> None:
-    entered, release = threading.Barrier(2), threading.Event()
-
-    def hold() -> None:
-        with gc_paused():
-            entered.wait()
-            release.wait(10)
-
-    worker = threading.Thread(target=hold)
-    worker.start()
-    with gc_paused():
-        entered.wait()
-    assert not gc.isenabled()  # the other thread's pause is still open
-    release.set()
-    worker.join(10)
-    assert gc.isenabled()
-
-
-def test_gc_collect_still_works_inside_a_pause(collector_enabled: None) -> None:
-    class Node:
-        other: Any = None
-
-    with gc_paused():
-        a, b = Node(), Node()
-        a.other, b.other = b, a  # a cycle
-        del a, b
-        assert gc.collect() >= 2
 
 
 # -- load_checkpoint: the pause and the prefetch, end to end ---------------------------------------
