@@ -148,3 +148,22 @@ def test_a_participant_commit_pauses_the_collector_itself(dep: Deployment, colle
     assert agent.prepare("ck-gc", time.time() + 60).phase.value == "prepared"
     agent.commit("ck-gc", dep.store, time.time() + 60)
     assert inside == [False] and gc.isenabled()
+
+
+def test_what_a_pause_made_is_aged_without_a_collection(collector_enabled: None) -> None:
+    with gc_paused():
+        kept = [[i] for i in range(50_000)]
+        assert gc.get_count()[0] >= 50_000
+    assert gc.get_count() == (0, 0, 0)  # no young collection is due: nothing walks them now
+    assert gc.is_tracked(kept[0]) and kept[0] in gc.get_objects(generation=2)
+
+
+def test_a_process_that_froze_objects_keeps_them_frozen(collector_enabled: None) -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            [[i] for i in range(1000)]
+        assert gc.get_freeze_count() == frozen  # never unfrozen by the pause
+    finally:
+        gc.unfreeze()

@@ -5,8 +5,15 @@ stay alive. Each time the young generations fill, the collector runs; each time 
 grow by a quarter it walks *every* tracked object (a full collection), and finds nothing: the
 objects a bulk build makes hold no reference cycles. At a million rollouts those walks took a
 third of ``load_checkpoint`` (measured in ``docs/benchmarks.md``). Inside :func:`gc_paused` no
-collection runs; the objects made meanwhile are collected as usual afterwards (the first young
-collection after the pause walks them once, as it would have).
+collection runs.
+
+When the pause ends, what it made is aged at once into the oldest generation
+(``gc.freeze()`` then ``gc.unfreeze()``: two list splices, no walk), so the collector does not
+come back with a young collection over all of it, which would land in the caller's hot path
+right after the pause (a checkpoint's reply, the end of a load). Those objects are then walked
+only by the next full collection, which would have walked them anyway. This is skipped when
+the process keeps objects frozen itself (``gc.get_freeze_count()`` > 0, e.g. a pre-fork server
+that froze its start-up objects): ``gc.unfreeze()`` would release those.
 
 The pause is process-wide (CPython has one collector): nested and concurrent pauses count, and
 the collector is enabled again only when the last one ends, and only if it was enabled when
@@ -43,4 +50,7 @@ def gc_paused() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0 and _resume:
+                if gc.get_freeze_count() == 0:
+                    gc.freeze()  # everything tracked to the permanent generation, counts reset
+                    gc.unfreeze()  # and back into the oldest generation: aged without a walk
                 gc.enable()

@@ -69,6 +69,7 @@ from ._hooks import (
 from ._idempotency import RESUMED_IDS_KEPT
 from ._lease import DEFAULT_LEASE_GRACE_SECONDS, MAX_DEADLINE_SECONDS
 from ._participant import Participant
+from ._publication import launches_deferred
 from ._rows_export import RowsExport
 from ._types import (
     CONTROL_SCHEMA_VERSION,
@@ -137,6 +138,7 @@ __all__ = [
     "deferred_scope",
     "execution_key",
     "in_scope_items",
+    "launches_deferred",
     "new_incarnation",
     "resolve_scope",
     "restamp",

@@ -6,6 +6,10 @@ after the resume, so they never compete with the pause for the interpreter). It 
 manifest is written, when it fails, or when it is cancelled (a lease expiry before the resume:
 the coordinator vanished, and the upload never starts). ``collect`` waits for it.
 
+Over HTTP the upload starts only once the resume's reply is on its way
+(:func:`launches_deferred`): started inside the resume, six uploads on a two-core host took the
+CPU the last resumes needed, and the pause of 100,000 live rollouts grew by a third.
+
 Fencing: an upload is bound to its checkpoint id and to the generation it froze in; it writes
 only under that checkpoint's own prefix, its manifest create-only, and only before its deadline.
 A cancelled or failed upload writes no manifest, so nothing of it can ever be published.
@@ -16,18 +20,41 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from ..errors import CheckpointError, DeadlineExceededError, StaleCheckpointError
 from ..telemetry import log_fields
 from ._types import CommitReply, PublicationFailedError, PublicationUnknownError
 
-__all__ = ["UPLOADS_KEPT", "Upload", "Uploads"]
+__all__ = ["UPLOADS_KEPT", "Upload", "Uploads", "launches_deferred"]
 
 log = logging.getLogger(__name__)
 
 UPLOADS_KEPT = 8
 """Finished uploads whose answer is kept for a repeated ``collect`` (a lost answer)."""
+
+_deferred: ContextVar[list[Callable[[], None]] | None] = ContextVar("rc_deferred_launches", default=None)
+
+
+@contextmanager
+def launches_deferred() -> Iterator[list[Callable[[], None]]]:
+    """Inside the block, :meth:`Uploads.launch` (on this thread or context) hands the start of
+    its upload to the list it yields instead of starting it: the caller starts them once its
+    reply is sent (a server's resume route). When the block raises, they start at once, so an
+    upload is never left unstarted."""
+    starts: list[Callable[[], None]] = []
+    token = _deferred.set(starts)
+    try:
+        yield starts
+    except BaseException:
+        for start in starts:
+            start()
+        starts.clear()
+        raise
+    finally:
+        _deferred.reset(token)
 
 
 class Upload:
@@ -135,7 +162,12 @@ class Uploads:
         # pyarrow then is ended inside native code, which can abort the process at exit; this
         # one ends when its archive does, or at its next row group once the encoder pool refuses
         # work at interpreter shutdown (the upload fails: no manifest, nothing published).
-        threading.Thread(target=run, name=f"upload-{self._name}-{checkpoint_id}", daemon=False).start()
+        thread = threading.Thread(target=run, name=f"upload-{self._name}-{checkpoint_id}", daemon=False)
+        deferred = _deferred.get()
+        if deferred is None:
+            thread.start()
+        else:
+            deferred.append(thread.start)
 
     def cancel(self, checkpoint_id: str) -> None:
         """Void the upload (its manifest is never written); it stops at its next record."""

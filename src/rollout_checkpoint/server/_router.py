@@ -23,7 +23,7 @@ from functools import partial
 from typing import Annotated, Any, TypeVar
 
 import anyio
-from fastapi import APIRouter, FastAPI, Request, Response, Security
+from fastapi import APIRouter, BackgroundTasks, FastAPI, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -41,6 +41,7 @@ from ..protocol import (
     PrepareReport,
     RestoreReply,
     ResumeReply,
+    launches_deferred,
 )
 from ..store import ObjectStore, open_store
 from ..telemetry import extracted, log_fields
@@ -323,8 +324,17 @@ def checkpoint_router(
         )
 
     @router.post("/resume", response_model=ResumeReply, summary="reopen admission (also the abort)")
-    async def resume(body: CheckpointRequest) -> ResumeReply:
-        return await quick(participant.resume, body.checkpoint_id, body.deadline_ts)
+    async def resume(body: CheckpointRequest, after_reply: BackgroundTasks) -> ResumeReply:
+        reply, starts = await quick(_resume_deferring_uploads, body.checkpoint_id, body.deadline_ts)
+        for start in starts:  # the upload an asynchronous commit froze starts once this reply is sent
+            after_reply.add_task(start)
+        return reply
+
+    def _resume_deferring_uploads(
+        checkpoint_id: str, deadline: float
+    ) -> tuple[ResumeReply, list[Callable[[], None]]]:
+        with launches_deferred() as starts:
+            return participant.resume(checkpoint_id, deadline), starts
 
     @router.post("/abort-restore", response_model=ResumeReply, summary="undo a restore that failed elsewhere")
     async def abort_restore(body: CheckpointRequest) -> ResumeReply:
