@@ -34,9 +34,11 @@ from rollout_checkpoint.format import layout
 from rollout_checkpoint.format.records import ResourceSnapshotRecord
 from rollout_checkpoint.ids import (
     PackedExecutions,
+    check_packed_text,
     checked_pairs,
     execution_ids,
     pack_executions,
+    pack_text,
     unpack_executions,
 )
 from rollout_checkpoint.protocol import Capabilities, CommitReply, Phase, new_incarnation
@@ -65,6 +67,27 @@ def test_a_packed_scope_round_trips_in_order() -> None:
     assert unpack_executions([]) == []
     with pytest.raises(ValidationError):  # built without validation, frozen all the same
         unpacked[0].attempt = 4
+
+
+def test_a_scope_text_round_trips_and_is_checked_in_one_pass() -> None:
+    executions = (ex("r-2", 3), ex("a.b_c", 0), ex("x" * 128, 7))
+    text = pack_text(executions)
+    assert text == f"r-2#3\na.b_c#0\n{'x' * 128}#7\n" and pack_text(executions) is text  # one tuple, once
+    check_packed_text(text)
+    packed = PackedExecutions(text=text)
+    assert (
+        len(packed) == 3 and packed.packed == pack_executions(executions) and list(packed) == list(executions)
+    )
+    assert pack_text(packed) is text and pack_text(PackedExecutions(packed.packed)) == text
+    assert pack_text([]) == "" and len(PackedExecutions(text="")) == 0
+    check_packed_text("")
+    for bad in ("r1#0\nr2#0", "r1#0\n\n", "\n", "a..b#0\n", f"{'x' * 129}#0\n", "r1#01\n", "r1#0\r\n"):
+        with pytest.raises(InvalidIdentifierError):
+            check_packed_text(bad)
+    with pytest.raises(InvalidIdentifierError):
+        check_packed_text(["r1#0"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        PackedExecutions()
 
 
 def test_unpacked_executions_are_kept_and_shared_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,7 +209,14 @@ def test_a_remote_commit_sends_the_scope_packed_and_a_brief_reply_lists_no_execu
         ({"scope_ids": ["r1"]}, "body.scope_ids"),
         ({"scope_ids": "r1#0"}, "body.scope_ids"),
         ({"scope_ids": [1]}, "body.scope_ids"),
-        ({"scope_ids": ["r1#0"], "scope": [{"rollout_id": "r1", "attempt": 0}]}, "not both"),
+        ({"scope_ids": ["r1#0"], "scope": [{"rollout_id": "r1", "attempt": 0}]}, "name the scope once"),
+        ({"scope_text": "r1#0\n../x#0\n"}, "body.scope_text"),
+        ({"scope_text": "r1#0\nr2#0"}, "body.scope_text"),  # the last entry has no newline
+        ({"scope_text": "r1#0\n\n"}, "body.scope_text"),  # an empty entry
+        ({"scope_text": "r1\n"}, "body.scope_text"),
+        ({"scope_text": "r1#-1\n"}, "body.scope_text"),
+        ({"scope_text": ["r1#0"]}, "body.scope_text"),
+        ({"scope_text": "r1#0\n", "scope_ids": ["r1#0"]}, "name the scope once"),
         ({"brief": "yes"}, "body.brief"),
     ],
 )
@@ -203,6 +233,66 @@ def test_a_bad_compact_scope_or_brief_flag_is_422_and_changes_nothing(
     assert participant.status().phase is Phase.PREPARED  # nothing committed
     assert not store.exists(layout.component_prefix("ck-1", "resources", "res-0") + "/manifest.json")
     _post(url, "resume", {"checkpoint_id": "ck-1", "deadline_ts": deadline})
+
+
+def test_a_remote_commit_sends_the_scope_as_one_text(
+    served_one: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    participant, url, store = served_one
+    seen: list[Any] = []
+    commit = participant.commit
+
+    def spied(checkpoint_id: str, store_: Any, deadline: float, scope: Any = None, **kwargs: Any) -> Any:
+        seen.append(scope)
+        return commit(checkpoint_id, store_, deadline, scope, **kwargs)
+
+    monkeypatch.setattr(participant, "commit", spied)
+    deadline = time.time() + 30
+    with RemoteParticipant(url, token=TOKEN) as remote:
+        assert remote.prepare("ck-1", deadline).ready
+        reply = remote.commit("ck-1", store, deadline, [ex("r3"), ex("r1", 0)])
+        assert reply.executions == (ex("r1"), ex("r3"))
+        remote.resume("ck-1", deadline)
+    (scope,) = seen
+    assert isinstance(scope, PackedExecutions) and scope.text == "r3#0\nr1#0\n" and len(scope) == 2
+    assert list(scope) == [ex("r3"), ex("r1")]
+
+
+def test_a_server_that_refuses_scope_text_is_sent_scope_ids(tmp_path: Path) -> None:
+    """A server of an older version forbids the unknown field (422 ``invalid_request`` naming
+    ``body.scope_text``, nothing applied): the client asks again with ``scope_ids``, and keeps
+    doing so for that server."""
+    store = LocalStore(tmp_path / "store")
+    participant = ScriptedParticipant("resources", "res-0")
+    participant.add(_snapshot("r1"))
+    bodies: list[dict[str, Any]] = []
+    app = control_app(participant, token=TOKEN, store=store)
+
+    @app.middleware("http")
+    async def older_server(request: Any, call_next: Any) -> Any:
+        if request.url.path.endswith("/commit"):
+            body = json.loads(await request.body())
+            bodies.append(body)
+            if "scope_text" in body:
+                from fastapi.responses import JSONResponse
+
+                detail = "body.scope_text: Extra inputs are not permitted"
+                return JSONResponse({"error": {"code": "invalid_request", "detail": detail}}, status_code=422)
+        return await call_next(request)
+
+    with served(app) as url, RemoteParticipant(url, token=TOKEN) as remote:
+        for cid in ("ck-1", "ck-2"):
+            deadline = time.time() + 30
+            assert remote.prepare(cid, deadline).ready
+            reply = remote.commit(cid, store, deadline, [ex("r1")])
+            assert reply.phase is Phase.COMMITTED and reply.executions == (ex("r1"),)
+            remote.resume(cid, deadline)
+    assert [sorted(k for k in b if k.startswith("scope")) for b in bodies] == [
+        ["scope_text"],
+        ["scope_ids"],
+        ["scope_ids"],  # remembered: the second checkpoint asks once
+    ]
+    participant.close()
 
 
 def test_a_worker_group_over_http_answers_briefly_when_asked_and_lists_in_its_manifest(

@@ -25,9 +25,11 @@ __all__ = [
     "LazyExecutions",
     "PackedExecutions",
     "check_packed",
+    "check_packed_text",
     "checked_pairs",
     "execution_ids",
     "pack_executions",
+    "pack_text",
     "unpack_executions",
 ]
 
@@ -53,6 +55,24 @@ def _pack(executions: Iterable[ExecutionId]) -> list[str]:
 
 
 _packed_scope = ScopeMemo(_pack)
+
+
+def pack_text(executions: Iterable[ExecutionId]) -> str:
+    """The scope as one text, ``"rollout_id#attempt\n"`` per execution in the given order (the
+    control routes' ``scope_text``): a JSON string of 100,000 ids parses in a millisecond, a
+    list of them in about nine, and a hop that forwards it never splits it."""
+    if isinstance(executions, PackedExecutions):
+        return executions.text
+    if isinstance(executions, tuple):
+        return _text_scope(executions)
+    return _joined(_pack(executions))
+
+
+def _joined(items: list[str]) -> str:
+    return "\n".join(items) + "\n" if items else ""
+
+
+_text_scope = ScopeMemo(lambda scope: _joined(_pack(scope)))
 
 
 class LazyExecutions(Sequence[ExecutionId]):
@@ -85,11 +105,33 @@ class PackedExecutions(LazyExecutions):
     participant that never reads its scope (its export lists after the freeze) pays for it then.
     Do not change ``packed`` (the list is shared, not copied)."""
 
-    __slots__ = ("_items", "packed")
+    __slots__ = ("_items", "_packed", "_text")
 
-    def __init__(self, packed: list[str]) -> None:
-        self.packed = packed
+    def __init__(self, packed: list[str] | None = None, *, text: str | None = None) -> None:
+        """From the strings (:func:`check_packed` passed) or from their text
+        (:func:`check_packed_text` passed): exactly one of them."""
+        if (packed is None) == (text is None):
+            raise ValueError("PackedExecutions: give the strings or their text")
+        self._packed = packed
+        self._text = text
         self._items: list[ExecutionId] | None = None
+
+    @property
+    def packed(self) -> list[str]:
+        """``["rollout_id#attempt", ...]`` (split from the text on first use)."""
+        packed = self._packed
+        if packed is None:
+            assert self._text is not None
+            packed = self._packed = self._text.split("\n")[:-1]  # every entry ends with "\n"
+        return packed
+
+    @property
+    def text(self) -> str:
+        """The same scope as :func:`pack_text` gives it (joined on first use)."""
+        text = self._text
+        if text is None:
+            text = self._text = _joined(self.packed)
+        return text
 
     def _built(self) -> list[ExecutionId]:
         items = self._items
@@ -97,11 +139,11 @@ class PackedExecutions(LazyExecutions):
             items = self._items = unpack_executions(self.packed, checked=True)
         return items
 
-    def __len__(self) -> int:
-        return len(self.packed)  # counted without unpacking
+    def __len__(self) -> int:  # counted without unpacking
+        return len(self._packed) if self._packed is not None else self.text.count("\n")
 
     def __repr__(self) -> str:
-        return f"PackedExecutions({len(self.packed)})"
+        return f"PackedExecutions({len(self)})"
 
 
 def unpack_executions(
@@ -138,6 +180,22 @@ def check_packed(items: Sequence[str], what: str = "scope") -> None:
         for i, item in enumerate(items):
             _one(item, f"{what}[{i}]")
         raise InvalidIdentifierError(f"{what}: an entry is not one 'rollout_id#attempt'")  # fail closed
+
+
+def check_packed_text(text: str, what: str = "scope_text") -> None:
+    """``InvalidIdentifierError`` naming the first entry of ``text`` that is not
+    ``<id>#<attempt>`` followed by a newline (the form :func:`pack_text` gives); one regular
+    expression over the text when every entry is good."""
+    if not isinstance(text, str):
+        raise InvalidIdentifierError(f"{what} must be one string of 'rollout_id#attempt' lines")
+    if not text or (text.endswith("\n") and _PACKED.fullmatch(text) and ".." not in text):
+        return
+    entries = text.split("\n")
+    if entries[-1] == "":
+        entries.pop()
+    for i, item in enumerate(entries):
+        _one(item, f"{what}[{i}]")
+    raise InvalidIdentifierError(f"{what}: the last entry does not end with a newline")  # fail closed
 
 
 def _one(item: Any, what: str) -> None:

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ..errors import ParticipantRestartedError
-from ..ids import ExecutionId, pack_executions
+from ..errors import CheckpointError, ParticipantRestartedError
+from ..ids import ExecutionId, pack_executions, pack_text
 from ..protocol import (
     Cancellation,
     Capabilities,
@@ -102,6 +102,7 @@ class RemoteParticipant:
         )
         self._capabilities: Capabilities | None = capabilities
         self._incarnation: str | None = None
+        self._scope_text = True  # until a server of an older version refuses the field
 
     def __repr__(self) -> str:
         return f"RemoteParticipant({self.base_url!r})"
@@ -219,20 +220,35 @@ class RemoteParticipant:
         part: str | None = None,
         brief: bool = False,
     ) -> CommitReply:
-        """The remote commit. The scope travels in compact form (``scope_ids``: one
-        ``rollout_id#attempt`` string per execution, checked in one pass by the server).
+        """The remote commit. The scope travels in compact form (``scope_text``: one
+        ``rollout_id#attempt`` line per execution, checked in one pass by the server; a server
+        older than that field is sent ``scope_ids``, one string per execution, from its refusal
+        on).
         ``part`` and ``brief`` are a worker group's: write the archive as that part of the
         component, and answer without the executions and restarts lists (the group reads them
         from the part's manifest, which it reads anyway)."""
         body: dict[str, Any] = {"checkpoint_id": checkpoint_id, "deadline_ts": deadline, "store": _url(store)}
-        if scope is not None:
-            body["scope_ids"] = pack_executions(scope)
         if publication != "sync":  # a synchronous commit's body is what servers always took
             body["publication"] = publication
         if part is not None:  # a worker group's worker: its share as a part of the component
             body["part"] = part
         if brief or self.brief_commits:
             body["brief"] = True
+        if scope is not None and self._scope_text:
+            try:
+                return self._call(
+                    "/commit",
+                    {**body, "scope_text": pack_text(scope)},
+                    CommitReply,
+                    deadline,
+                    self._incarnation,
+                )
+            except CheckpointError as exc:
+                if not _refused_field(exc, "scope_text"):
+                    raise
+                self._scope_text = False  # an older server: nothing was applied, ask again
+        if scope is not None:
+            body["scope_ids"] = pack_executions(scope)
         return self._call("/commit", body, CommitReply, deadline, self._incarnation)
 
     def collect(self, checkpoint_id: str, deadline: float, *, brief: bool = False) -> CommitReply:
@@ -287,3 +303,9 @@ def _executions(executions: Sequence[ExecutionId] | None) -> list[dict[str, Any]
     if executions is None:
         return None
     return [{"rollout_id": e.rollout_id, "attempt": e.attempt} for e in executions]
+
+
+def _refused_field(exc: CheckpointError, field: str) -> bool:
+    """A server's 422 refusing ``field`` of a body as unknown (a server of an older version,
+    whose request models forbid extra fields): the request changed nothing there."""
+    return exc.details.get("status") == 422 and f"body.{field}" in exc.message and "xtra" in exc.message

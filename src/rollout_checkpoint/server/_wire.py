@@ -31,7 +31,7 @@ from ..errors import (
     TransientStoreError,
     UnsupportedSchemaError,
 )
-from ..ids import ExecutionId, Identifier, PackedExecutions, check_packed
+from ..ids import ExecutionId, Identifier, PackedExecutions, check_packed, check_packed_text
 from ..protocol import Publication
 
 __all__ = [
@@ -133,7 +133,12 @@ class _StoreScope(CheckpointRequest):
     scope_ids: list[str] | None = Field(
         default=None,
         description="the scope in compact form, 'rollout_id#attempt' strings (at most one of "
-        "scope and scope_ids)",
+        "scope, scope_ids and scope_text)",
+    )
+    scope_text: str | None = Field(
+        default=None,
+        description="the scope as one string, 'rollout_id#attempt' and a newline per execution: "
+        "what this SDK's client sends (at most one of scope, scope_ids and scope_text)",
     )
     _executions: Sequence[ExecutionId] | None = PrivateAttr(default=None)
 
@@ -147,11 +152,23 @@ class _StoreScope(CheckpointRequest):
                 raise ValueError(exc.message) from None
         return value
 
+    @field_validator("scope_text")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        if value is not None:  # one regular expression over the text
+            try:
+                check_packed_text(value, "scope_text")
+            except CheckpointError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
     @model_validator(mode="after")
     def _one_scope(self) -> _StoreScope:
-        if self.scope_ids is not None:
-            if self.scope is not None:
-                raise ValueError("name the scope once: scope or scope_ids, not both")
+        if sum(s is not None for s in (self.scope, self.scope_ids, self.scope_text)) > 1:
+            raise ValueError("name the scope once: scope, scope_ids or scope_text")
+        if self.scope_text is not None:
+            self._executions = PackedExecutions(text=self.scope_text)  # split when first read
+        elif self.scope_ids is not None:
             self._executions = PackedExecutions(self.scope_ids)  # unpacked when first read
         elif self.scope is not None:
             self._executions = list(self.scope)
