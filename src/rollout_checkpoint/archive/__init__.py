@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         INDEX_SCHEMA,
         SHARD_SCHEMA,
     )
+    from ._united import UnitedReferences
     from ._writer import ArchiveWriter
 
 _EXPORTS = {
@@ -72,6 +73,7 @@ _EXPORTS = {
     "INDEX_SCHEMA": "._schema",
     "SHARD_SCHEMA": "._schema",
     "ArchiveWriter": "._writer",
+    "UnitedReferences": "._united",
     "open_parquet_file": "._parquet_io",
 }
 
@@ -101,6 +103,7 @@ __all__ = [
     "MemberRef",
     "RawRecord",
     "ShardEntry",
+    "UnitedReferences",
     "check_object",
     "component_prefixes",
     "find_component_prefixes",

@@ -102,7 +102,7 @@ def reference_table_bytes(columns: Sequence[Sequence[Any]], zstd_level: int = 1)
     if len(columns) != len(REFERENCE_SCHEMA) or len({len(c) for c in columns}) > 1:
         raise InvalidRecordError("reference columns must be the reference schema's, of equal length")
     table = pa.Table.from_arrays(
-        [pa.array(col, type=field.type) for col, field in zip(columns, REFERENCE_SCHEMA, strict=True)],
+        [_arrow_column(col, field.type) for col, field in zip(columns, REFERENCE_SCHEMA, strict=True)],
         schema=REFERENCE_SCHEMA,
     )
     sink = io.BytesIO()
@@ -143,15 +143,27 @@ def reference_columns(data: bytes, base_count: int) -> list[list[Any]]:
     """The columns (``REFERENCE_SCHEMA`` order) of a digest-checked reference table, each row's
     base and location checked like :func:`parse_reference_table`'s, without an object per row
     (``InvalidRecordError`` when they are not valid)."""
-    import pyarrow.compute as pc
+    return [column.to_pylist() for column in reference_arrays(data, base_count)]
+
+
+def reference_arrays(data: bytes, base_count: int) -> list[pa.ChunkedArray]:
+    """:func:`reference_columns` as Arrow columns (no Python object per row)."""
+    from pyarrow._compute import call_function  # not pyarrow.compute: see _index.compute
 
     table = _read_reference_table(data)
     if table.num_rows:
-        bases = pc.min_max(table.column("base")).as_py()
-        lowest = min(pc.min(table.column(n)).as_py() for n in ("shard", "row_group", "row"))
+        bases = call_function("min_max", [table.column("base")]).as_py()
+        lowest = min(call_function("min", [table.column(n)]).as_py() for n in ("shard", "row_group", "row"))
         if bases["min"] < 0 or bases["max"] >= base_count or lowest < 0:
             raise InvalidRecordError("a reference names no valid base location")
-    return [table.column(n).to_pylist() for n in REFERENCE_SCHEMA.names]
+    return [table.column(n) for n in REFERENCE_SCHEMA.names]
+
+
+def _arrow_column(values: Any, type_: pa.DataType) -> Any:
+    """``values`` (a sequence, or an Arrow array already) as an Arrow array of ``type_``."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values if values.type == type_ else values.cast(type_)
+    return pa.array(values, type=type_)
 
 
 def checked_reference_rows(
@@ -190,8 +202,14 @@ def reference_entry(data: bytes, name: str, kinds: Sequence[str]) -> ReferencesE
     from ._manifest import ReferencesEntry
 
     counts: dict[str, int] = {}
-    for kind in kinds:
-        counts[kind] = counts.get(kind, 0) + 1
+    if isinstance(kinds, pa.Array | pa.ChunkedArray):
+        from pyarrow._compute import call_function
+
+        for row in call_function("value_counts", [kinds]).to_pylist():
+            counts[str(row["values"])] = int(row["counts"])
+    else:
+        for kind in kinds:
+            counts[kind] = counts.get(kind, 0) + 1
     return ReferencesEntry(
         key=name,
         bytes=len(data),

@@ -7,9 +7,10 @@ once, the resolver over the bases it names, and the cheap and full checks of tho
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
@@ -20,7 +21,7 @@ from ._references import (
     ReferenceResolver,
     StoredArchive,
     checked_reference_rows,
-    reference_columns,
+    reference_arrays,
 )
 
 if TYPE_CHECKING:
@@ -80,16 +81,25 @@ class ReferringArchive:
         version 1), its bytes, rows, per-kind counts and base locations checked against the
         manifest. Unlike :meth:`references`, identities are not checked against the stored
         members or each other here: the caller that unites archives checks them all at once."""
+        return [column.to_pylist() for column in self.reference_arrays()]
+
+    def reference_arrays(self) -> list[pa.ChunkedArray]:
+        """:meth:`reference_columns` as Arrow columns (no Python object per row)."""
+        from pyarrow._compute import call_function  # not pyarrow.compute: see _index.compute
+
         entry = self.manifest.references
         if entry is None:
-            return [[] for _ in REFERENCE_SCHEMA.names]
+            return [pa.chunked_array([], type=field.type) for field in REFERENCE_SCHEMA]
         data = self._checked_object(entry.key, entry.bytes, entry.sha256, "reference table")
         key = self.key_of(entry.key)
         try:
-            columns = reference_columns(data, len(self.manifest.bases or []))
+            columns = reference_arrays(data, len(self.manifest.bases or []))
         except InvalidRecordError as exc:
             raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
-        counts = Counter(columns[0])
+        counts = {
+            str(row["values"]): int(row["counts"])
+            for row in call_function("value_counts", [columns[0]]).to_pylist()
+        }
         if len(columns[0]) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
             problem = "reference table does not match the manifest's counts"
             raise IntegrityError(f"{key}: {problem}", key=key, problem="inconsistent")
@@ -138,8 +148,12 @@ class ReferringArchive:
         """The members this archive stores, as columns ``kind, rollout_id, attempt, key, revision,
         refs, shard, row_group, row`` (from the digest-checked index; ``refs`` as stored JSON):
         what a reference table lists for them, ``base`` aside."""
+        return [column.to_pylist() for column in self.stored_arrays()]
+
+    def stored_arrays(self) -> list[pa.ChunkedArray]:
+        """:meth:`stored_columns` as Arrow columns: the index's own, no copy."""
         table = self._member_index().table
-        return [table.column(n).to_pylist() for n in (*_MEMBER_FIELDS, "shard", "row_group", "row")]
+        return [table.column(n) for n in (*_MEMBER_FIELDS, "shard", "row_group", "row")]
 
     def locations(self) -> dict[tuple[int, int, int], tuple[Any, ...]]:
         """(shard, row group, row) -> (kind, rollout_id, attempt, key, revision, refs) of every

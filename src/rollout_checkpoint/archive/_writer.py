@@ -134,7 +134,7 @@ class ArchiveWriter:
         self._manifest_ref: ManifestRef | None = None
         self._aborted = False
         self._created_at = utc_now_iso()
-        self._refer: tuple[list[tuple[str, ManifestRef]], list[list[Any]]] | None = None
+        self._refer: tuple[list[tuple[str, ManifestRef]], list[Any]] | None = None
         self._references_entry: ReferencesEntry | None = None
 
     # -- public state -----------------------------------------------------------------------
@@ -415,11 +415,15 @@ class ArchiveWriter:
         """Make this a version-2 archive that lists ``references`` (members stored in the archives
         ``bases``: (prefix, pinned manifest) each) besides what it stores. ``references`` are the
         reference table's columns in ``REFERENCE_SCHEMA`` order (``base`` is a position in
-        ``bases``). Call before :meth:`commit`; the caller keeps the two sets disjoint (the
-        reader rejects an identity that is both stored and referenced)."""
+        ``bases``), sequences or Arrow arrays. Call before :meth:`commit`; the caller keeps the
+        two sets disjoint (the reader rejects an identity that is both stored and referenced)."""
         if self._sealed:
             raise ArchiveStateError(f"{self.prefix}: refer() after commit started")
-        self._refer = (list(bases), [list(c) for c in references])
+        # Arrow columns are kept as they are (immutable, no Python object per row)
+        self._refer = (
+            list(bases),
+            [c if isinstance(c, pa.Array | pa.ChunkedArray) else list(c) for c in references],
+        )
 
     def commit(self, extra: Mapping[str, JsonValue] | None = None) -> ComponentManifest:
         """Upload the last shard and the index, then create ``manifest.json`` (create-only).
@@ -489,9 +493,7 @@ class ArchiveWriter:
         self._valid_ids = set()
         return manifest
 
-    def _write_references(
-        self, bases: list[tuple[str, ManifestRef]], columns: list[list[Any]]
-    ) -> ReferencesEntry:
+    def _write_references(self, bases: list[tuple[str, ManifestRef]], columns: list[Any]) -> ReferencesEntry:
         """Upload the reference table (a unique name, like the index) and describe it."""
         from ._references import reference_entry, reference_table_bytes, references_name
 

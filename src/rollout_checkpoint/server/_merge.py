@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader
+from ..archive import ArchiveWriter, ManifestRef, RawArchiveReader, UnitedReferences
 from ..errors import CheckpointError, IntegrityError, InvalidPhaseError, InvalidRecordError
 from ..format import layout
 from ..ids import ExecutionId, checked_pairs, execution_ids
@@ -204,7 +204,7 @@ def commit_parts(
             raise IntegrityError(f"{base_prefix}: parts pin different manifests of one base archive")
         return known[0]
 
-    columns: list[list[Any]] = [[] for _ in range(10)]  # the reference table's, in schema order
+    united = UnitedReferences()  # the reference table, in Arrow
     extras: dict[str, dict[str, JsonValue]] = {}
     owned: dict[str, tuple[Pairs, Pairs]] = {}
     for wid in sorted(replies):
@@ -228,22 +228,14 @@ def commit_parts(
         except CheckpointError as exc:
             raise IntegrityError(f"{part}: {exc.message}") from None
         # the members the part stores (its digest-checked index): referred to in the part
-        stored = reader.stored_columns()
-        own = base_of(part, reader.manifest_ref)
-        for i in range(6):
-            columns[i].extend(stored[i])
-        columns[6].extend([own] * len(stored[0]))
-        for i in range(3):
-            columns[7 + i].extend(stored[6 + i])
+        united.add_stored(reader, base_of(part, reader.manifest_ref))
         # the members the part refers to: the same reference, into the same archive (flattened)
-        moved = [base_of(b.prefix, b.manifest) for b in m.bases or []]
-        for i, column in enumerate(reader.reference_columns()):
-            columns[i].extend(column if i != 6 else [moved[b] for b in column])
+        united.add_references(reader, [base_of(b.prefix, b.manifest) for b in m.bases or []])
     # no member twice: stored in two parts, referred to by two, or stored and referred to
-    identities = set(zip(*columns[:4], strict=True))
-    if len(identities) != len(columns[0]):
-        twice = len(columns[0]) - len(identities)
+    twice = united.repeated()
+    if twice:
         raise InvalidRecordError(f"{caps.kind}/{caps.instance}: {twice} members are in two workers' parts")
+    columns = united.columns()
     extra = merge_extra(caps, extras, replies, owned)
     writer = ArchiveWriter(
         target, prefix, checkpoint_id=checkpoint_id, participant_kind=caps.kind, instance=caps.instance
