@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -157,3 +158,15 @@ def any_store(request: pytest.FixtureRequest) -> ObjectStore:
     if name == "memory":
         return request.getfixturevalue("memory_store")  # type: ignore[no-any-return]
     return request.getfixturevalue("s3_store")  # type: ignore[no-any-return]
+
+
+@pytest.fixture()
+def collector_enabled() -> Iterator[None]:
+    """The cycle collector on for the test, and as it was afterwards."""
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if was:
+        gc.enable()
+    else:
+        gc.disable()

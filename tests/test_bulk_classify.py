@@ -22,18 +22,6 @@ from rollout_checkpoint.reader._classify import ComponentSummary, classify
 from rollout_checkpoint.reader._prefetch import IndexPrefetch
 from rollout_checkpoint.store import LocalStore
 
-
-@pytest.fixture()
-def collector_enabled() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.enable()
-    yield
-    if was:
-        gc.enable()
-    else:
-        gc.disable()
-
-
 # -- load_checkpoint: the pause and the prefetch, end to end ---------------------------------------
 
 

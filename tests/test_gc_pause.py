@@ -15,18 +15,6 @@ from _protocol_fakes import Deployment, FakeTokens
 from rollout_checkpoint._runtime import gc_paused
 from rollout_checkpoint.store import LocalStore
 
-
-@pytest.fixture()
-def collector_enabled() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.enable()
-    yield
-    if was:
-        gc.enable()
-    else:
-        gc.disable()
-
-
 # -- the pause itself ------------------------------------------------------------------------------------
 
 

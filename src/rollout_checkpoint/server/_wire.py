@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -142,22 +143,16 @@ class _StoreScope(CheckpointRequest):
     )
     _executions: Sequence[ExecutionId] | None = PrivateAttr(default=None)
 
-    @field_validator("scope_ids")
+    @field_validator("scope_ids", "scope_text")
     @classmethod
-    def _packed(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:  # one pass over the whole list
+    def _compact(cls, value: list[str] | str | None, info: ValidationInfo) -> list[str] | str | None:
+        """One pass over the whole list (``scope_ids``) or text (``scope_text``)."""
+        if value is not None:
             try:
-                check_packed(value, "scope_ids")
-            except CheckpointError as exc:
-                raise ValueError(exc.message) from None
-        return value
-
-    @field_validator("scope_text")
-    @classmethod
-    def _text(cls, value: str | None) -> str | None:
-        if value is not None:  # one regular expression over the text
-            try:
-                check_packed_text(value, "scope_text")
+                if isinstance(value, str):
+                    check_packed_text(value, str(info.field_name))
+                else:
+                    check_packed(value, str(info.field_name))
             except CheckpointError as exc:
                 raise ValueError(exc.message) from None
         return value
