@@ -152,8 +152,10 @@ class ReferringArchive:
 
     def stored_arrays(self) -> list[pa.ChunkedArray]:
         """:meth:`stored_columns` as Arrow columns: the index's own, no copy."""
-        table = self._member_index().table
-        return [table.column(n) for n in (*_MEMBER_FIELDS, "shard", "row_group", "row")]
+        index = self._member_index()
+        names = (*_MEMBER_FIELDS, "shard", "row_group", "row")
+        index.load(*names)  # the columns a reference lists (not the row groups' byte ranges)
+        return [index.column(n) for n in names]
 
     def locations(self) -> dict[tuple[int, int, int], tuple[Any, ...]]:
         """(shard, row group, row) -> (kind, rollout_id, attempt, key, revision, refs) of every
