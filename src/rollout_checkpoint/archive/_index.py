@@ -257,6 +257,11 @@ def compute(name: str, *args: Any, options: Any = None) -> Any:
     return call_function(name, list(args), options)
 
 
+def value_counts(column: Any) -> dict[str, int]:
+    """How many times each string of an Arrow column occurs (a kind column's per-kind counts)."""
+    return {str(row["values"]): int(row["counts"]) for row in compute("value_counts", column).to_pylist()}
+
+
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -372,10 +377,7 @@ class MemberIndex:
         from_stats = self._counts_from_statistics()
         if from_stats is not None:
             return from_stats
-        out: dict[str, int] = {}
-        for row in compute("value_counts", self.column("kind")).to_pylist():
-            out[str(row["values"])] = int(row["counts"])
-        return out
+        return value_counts(self.column("kind"))
 
     def _counts_from_statistics(self) -> dict[str, int] | None:
         metadata = self._pf.metadata

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
+from ._index import compute, value_counts
 from ._names import is_part_of
 from ._parquet_io import open_parquet_file, open_parquet_writer
 from ._schema import join_key
@@ -148,12 +149,10 @@ def reference_columns(data: bytes, base_count: int) -> list[list[Any]]:
 
 def reference_arrays(data: bytes, base_count: int) -> list[pa.ChunkedArray]:
     """:func:`reference_columns` as Arrow columns (no Python object per row)."""
-    from pyarrow._compute import call_function  # not pyarrow.compute: see _index.compute
-
     table = _read_reference_table(data)
     if table.num_rows:
-        bases = call_function("min_max", [table.column("base")]).as_py()
-        lowest = min(call_function("min", [table.column(n)]).as_py() for n in ("shard", "row_group", "row"))
+        bases = compute("min_max", table.column("base")).as_py()
+        lowest = min(compute("min", table.column(n)).as_py() for n in ("shard", "row_group", "row"))
         if bases["min"] < 0 or bases["max"] >= base_count or lowest < 0:
             raise InvalidRecordError("a reference names no valid base location")
     return [table.column(n) for n in REFERENCE_SCHEMA.names]
@@ -203,10 +202,7 @@ def reference_entry(data: bytes, name: str, kinds: Sequence[str]) -> ReferencesE
 
     counts: dict[str, int] = {}
     if isinstance(kinds, pa.Array | pa.ChunkedArray):
-        from pyarrow._compute import call_function
-
-        for row in call_function("value_counts", [kinds]).to_pylist():
-            counts[str(row["values"])] = int(row["counts"])
+        counts = value_counts(kinds)
     else:
         for kind in kinds:
             counts[kind] = counts.get(kind, 0) + 1

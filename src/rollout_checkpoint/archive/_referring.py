@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ..errors import IntegrityError, InvalidRecordError, ObjectNotFoundError
 from ..store import ObjectStore
+from ._index import value_counts
 from ._parquet_io import open_parquet_file
 from ._references import (
     REFERENCE_SCHEMA,
@@ -85,8 +86,6 @@ class ReferringArchive:
 
     def reference_arrays(self) -> list[pa.ChunkedArray]:
         """:meth:`reference_columns` as Arrow columns (no Python object per row)."""
-        from pyarrow._compute import call_function  # not pyarrow.compute: see _index.compute
-
         entry = self.manifest.references
         if entry is None:
             return [pa.chunked_array([], type=field.type) for field in REFERENCE_SCHEMA]
@@ -96,10 +95,7 @@ class ReferringArchive:
             columns = reference_arrays(data, len(self.manifest.bases or []))
         except InvalidRecordError as exc:
             raise IntegrityError(f"{key}: {exc.message}", key=key, problem="invalid") from None
-        counts = {
-            str(row["values"]): int(row["counts"])
-            for row in call_function("value_counts", [columns[0]]).to_pylist()
-        }
+        counts = value_counts(columns[0])
         if len(columns[0]) != entry.rows or counts != {k: n for k, n in entry.counts.items() if n}:
             problem = "reference table does not match the manifest's counts"
             raise IntegrityError(f"{key}: {problem}", key=key, problem="inconsistent")

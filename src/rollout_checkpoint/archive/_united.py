@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from ._index import compute
 from ._references import REFERENCE_SCHEMA
 from ._referring import ReferringArchive
 
@@ -39,12 +40,10 @@ class UnitedReferences:
     def add_references(self, reader: ReferringArchive, bases: Sequence[int]) -> None:
         """Every member ``reader`` refers to, referred to in the same archive: its base ``b``
         becomes ``bases[b]``."""
-        from pyarrow._compute import call_function  # not pyarrow.compute: see _index.compute
-
         columns = reader.reference_arrays()
         for i, column in enumerate(columns):
             if i == 6 and len(column):
-                column = call_function("take", [pa.array(bases, type=pa.int32()), column])
+                column = compute("take", pa.array(bases, type=pa.int32()), column)
             self._chunks[i].append(column)
 
     def columns(self) -> list[pa.ChunkedArray]:
@@ -62,7 +61,7 @@ class UnitedReferences:
         """How many rows repeat an identity (kind, rollout id, attempt, key) of another row: the
         identities sorted, then each row compared with the one before it, in Arrow. (Counting
         distinct identities joined into strings took 130 MB more at 400,000 rows, and a second.)"""
-        from pyarrow._compute import SortOptions, call_function  # not pyarrow.compute: _index.compute
+        from pyarrow._compute import SortOptions  # not pyarrow.compute: see _index.compute
 
         kind, rollout_id, attempt, key = self.columns()[:4]
         rows = len(kind)
@@ -70,11 +69,11 @@ class UnitedReferences:
             return 0
         names = ("rollout_id", "kind", "key", "attempt")
         table = pa.table({"kind": kind, "rollout_id": rollout_id, "attempt": attempt, "key": key})
-        order = call_function("sort_indices", [table], SortOptions([(n, "ascending") for n in names]))
-        ordered = call_function("take", [table, order])
+        order = compute("sort_indices", table, options=SortOptions([(n, "ascending") for n in names]))
+        ordered = compute("take", table, order)
         same: pa.ChunkedArray | None = None
         for name in names:
             column = ordered.column(name)
-            equal = call_function("equal", [column.slice(1), column.slice(0, rows - 1)])
-            same = equal if same is None else call_function("and", [same, equal])
-        return int(call_function("sum", [same]).as_py() or 0)
+            equal = compute("equal", column.slice(1), column.slice(0, rows - 1))
+            same = equal if same is None else compute("and", same, equal)
+        return int(compute("sum", same).as_py() or 0)

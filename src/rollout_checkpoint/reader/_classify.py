@@ -348,11 +348,12 @@ def _add_boundaries(boundaries: dict[Execution, tuple[int, str | None]], c: Mapp
     """Keep the newest agent boundary of each execution (a missing revision counts as -1); the
     refs text of every older one is parsed here (a malformed one fails the load)."""
     keys = list(zip(c["rollout_id"], c["attempt"], strict=True))
-    newest = dict(zip(keys, zip(_revisions(c["revision"]), c["refs"], strict=True), strict=True))
+    rows = list(zip(_revisions(c["revision"]), c["refs"], strict=True))
+    newest = dict(zip(keys, rows, strict=True))
     if len(newest) == len(keys) and boundaries.keys().isdisjoint(newest):
         boundaries.update(newest)  # one boundary per execution, none seen before: the common case
         return
-    for ex, (rev, text) in zip(keys, zip(_revisions(c["revision"]), c["refs"], strict=True), strict=True):
+    for ex, (rev, text) in zip(keys, rows, strict=True):
         best = boundaries.get(ex)
         if best is None or rev > best[0]:
             boundaries[ex] = (rev, text)

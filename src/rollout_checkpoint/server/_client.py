@@ -308,4 +308,6 @@ def _executions(executions: Sequence[ExecutionId] | None) -> list[dict[str, Any]
 def _refused_field(exc: CheckpointError, field: str) -> bool:
     """A server's 422 refusing ``field`` of a body as unknown (a server of an older version,
     whose request models forbid extra fields): the request changed nothing there."""
-    return exc.details.get("status") == 422 and f"body.{field}" in exc.message and "xtra" in exc.message
+    return (
+        exc.details.get("status") == 422 and f"body.{field}" in exc.message and "Extra inputs" in exc.message
+    )
